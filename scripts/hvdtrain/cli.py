@@ -1,0 +1,92 @@
+"""Command-line helpers: one-line errors with exit status 2, typed arguments.
+
+Every rank parses the same arguments, so a bad flag makes every rank exit 2 on
+its own; only the first rank prints, so a 64-rank job shows one line, not 64.
+"""
+import argparse
+import os
+import sys
+
+USAGE_ERROR_EXIT = 2
+
+# Rank variables set by the launchers we support, read before hvd.init().
+_LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+                       "PMI_RANK", "SLURM_PROCID")
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported as one line, exit status 2.
+
+    ``on_every_rank`` marks an error that all ranks agreed on (see
+    ``dist.agree_on_errors``): then only the first rank prints it.
+    """
+
+    def __init__(self, message, on_every_rank=False):
+        super().__init__(message)
+        self.on_every_rank = on_every_rank
+
+
+def launcher_rank():
+    """This process's rank as the launcher announced it (0 when launched alone)."""
+    for name in _LAUNCHER_RANK_VARS:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def fail(message, prog=None, every_rank_fails=True):
+    """Print one line naming the problem and exit with status 2.
+
+    When every rank fails the same way only the first one prints.
+    """
+    if launcher_rank() == 0 or not every_rank_fails:
+        prog = prog or os.path.basename(sys.argv[0])
+        print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(USAGE_ERROR_EXIT)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with defaults shown in --help and single-line errors."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        fail(message, self.prog)
+
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def positive_float(text):
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return value
+
+
+def fraction(text):
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
+    return value
+
+
+def run_main(main):
+    """Run ``main()``; a UsageError anywhere becomes one line and exit status 2."""
+    try:
+        main()
+    except UsageError as error:
+        fail(str(error), every_rank_fails=error.on_every_rank)

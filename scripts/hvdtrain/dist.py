@@ -1,0 +1,154 @@
+"""Distributed setup shared by every script: one call gives rank, size, device.
+
+    ctx = dist.init()            # Horovod: hvd.init(), device pinning, threads
+    ctx.print0("only rank 0 prints this")
+"""
+import os
+import random
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import horovod.torch as hvd
+
+from .cli import UsageError
+
+# A rank that freezes (alive but silent) would otherwise hang the job forever:
+# Horovod's stall check only warns unless a shutdown time is set.
+DEFAULT_STALL_SHUTDOWN_SECONDS = 300
+
+
+@dataclass
+class Context:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    device: torch.device
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+    def print0(self, *args, **kwargs):
+        if self.is_main:
+            print(*args, **kwargs, flush=True)
+
+
+def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
+    """Start Horovod, pin this rank to its GPU, and share the CPU cores fairly."""
+    # Horovod reads these at init; an explicit environment setting wins.
+    shutdown = stall_shutdown_seconds or DEFAULT_STALL_SHUTDOWN_SECONDS
+    os.environ.setdefault("HOROVOD_STALL_CHECK_SHUTDOWN_TIME_SECONDS", str(shutdown))
+    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(min(60, shutdown)))
+    hvd.init()  # Horovod: start the background communication thread.
+
+    if use_cuda and torch.cuda.is_available():
+        # Horovod: one GPU per process, chosen by the rank on this node.
+        torch.cuda.set_device(hvd.local_rank())
+        device = torch.device("cuda", hvd.local_rank())
+    else:
+        device = torch.device("cpu")
+
+    # Processes on one node share its cores; oversubscribed threads slow every rank.
+    if threads is None and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // hvd.local_size())
+    if threads:
+        torch.set_num_threads(threads)
+
+    return Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                   local_size=hvd.local_size(), device=device)
+
+
+def seed_everything(seed):
+    """Seed Python, NumPy and torch the same way on every rank."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def agree_on_errors(check, *args, **kwargs):
+    """Run ``check`` on every rank; if any rank raised UsageError, all ranks raise it.
+
+    Without this, a rank that finds bad input exits while the others wait in
+    their first allreduce; here every rank leaves with the same one-line error.
+    """
+    message, result = None, None
+    try:
+        result = check(*args, **kwargs)
+    except UsageError as error:
+        message = str(error)
+    messages = hvd.allgather_object(message)  # Horovod: every rank's verdict.
+    first = next((m for m in messages if m is not None), None)
+    if first is not None:
+        raise UsageError(first, on_every_rank=True)
+    return result
+
+
+def all_ranks_true(flag):
+    """True when ``flag`` is true on every rank (one tiny allreduce)."""
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    return int(hvd.allreduce(value, op=hvd.Min, name="all_ranks_true").item()) == 1
+
+
+def any_rank_true(flag):
+    """True when ``flag`` is true on at least one rank (one tiny allreduce)."""
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    return int(hvd.allreduce(value, op=hvd.Max, name="any_rank_true").item()) == 1
+
+
+def rng_state():
+    """This rank's random-number-generator states, as tensors and plain values.
+
+    Plain types only, so that checkpoints load with ``weights_only=True``.
+    """
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
+                  "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "python": _python_rng_to_plain(random.getstate()),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    numpy_state = state["numpy"]
+    np.random.set_state(("MT19937", numpy_state["keys"].numpy().astype(np.uint32),
+                         numpy_state["pos"], numpy_state["has_gauss"], numpy_state["gauss"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _python_rng_to_plain(python_state):
+    version, internal, gauss = python_state
+    return [version, list(internal), gauss]
+
+
+def gather_rng_states():
+    """Every rank's RNG state, gathered to all ranks (saved by rank 0)."""
+    return hvd.allgather_object(rng_state())  # Horovod: one entry per rank.
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """Horovod: rank 0's object on every rank (pickled over the wire)."""
+    return hvd.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def exit_quietly_on_interrupt():
+    """Ctrl-C on a launcher kills ranks with SIGINT: no traceback wall."""
+    sys.excepthook = _quiet_keyboard_interrupt(sys.excepthook)
+
+
+def _quiet_keyboard_interrupt(previous):
+    def hook(kind, value, traceback):
+        if issubclass(kind, KeyboardInterrupt):
+            sys.exit(130)
+        previous(kind, value, traceback)
+    return hook

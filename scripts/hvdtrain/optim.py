@@ -1,0 +1,105 @@
+"""Optimiser pieces written once: decay groups, LAMB, safe state broadcast, schedules."""
+import math
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from . import dist
+
+
+def decay_groups(model, weight_decay):
+    """Parameter groups with weight decay off for biases and normalisation weights.
+
+    Decaying BatchNorm/LayerNorm scales and biases only hurts accuracy
+    (Goyal et al. 2017; BERT): everything with one dimension is exempt.
+    """
+    decay, no_decay = [], []
+    for _, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        (no_decay if parameter.ndim <= 1 else decay).append(parameter)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+class LAMB(torch.optim.Optimizer):
+    """LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning").
+
+    Adam moments with bias correction, decoupled weight decay, then a per-tensor
+    trust ratio ||w|| / ||update|| scales the step, so every layer moves by a
+    similar relative amount at large batch sizes. Groups with weight_decay 0
+    (biases, LayerNorm) still use the trust ratio, as in NVIDIA's FusedLAMB.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for parameter in group["params"]:
+                if parameter.grad is None:
+                    continue
+                state = self.state[parameter]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(parameter)
+                    state["exp_avg_sq"] = torch.zeros_like(parameter)
+                state["step"] += 1
+                step = state["step"].item()
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                grad = parameter.grad
+                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                corrected_avg = exp_avg / (1 - beta1 ** step)
+                corrected_sq = exp_avg_sq / (1 - beta2 ** step)
+                update = corrected_avg / (corrected_sq.sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update = update.add(parameter, alpha=group["weight_decay"])
+                weight_norm = parameter.norm()
+                update_norm = update.norm()
+                trust = torch.where((weight_norm > 0) & (update_norm > 0),
+                                    weight_norm / update_norm, torch.ones_like(weight_norm))
+                parameter.add_(update * trust, alpha=-group["lr"])
+        return loss
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Give every rank rank 0's optimizer state, without taking a step.
+
+    ``hvd.broadcast_optimizer_state`` initialises empty state by running
+    ``optimizer.step()`` with zero gradients, which still applies weight decay
+    and so moves the weights. Sending the state dict itself moves nothing.
+    """
+    state = dist.broadcast_object(optimizer.state_dict(), root_rank=root_rank,
+                                  name="optimizer_state")
+    optimizer.load_state_dict(state)
+
+
+def warmup_then_decay(optimizer, warmup_steps, total_steps, decay="cosine",
+                      milestones=(), gamma=0.1, power=1.0):
+    """LambdaLR: linear warmup (Goyal et al. 2017) then cosine, step or polynomial decay.
+
+    ``decay`` is "cosine", "step" (multiply by ``gamma`` at each of ``milestones``,
+    counted in steps), "poly" (BERT: (1 - progress) ** power) or "constant".
+    """
+    def factor(step):
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        span = max(1, total_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / span)
+        if decay == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if decay == "poly":
+            return (1.0 - progress) ** power
+        if decay == "step":
+            return gamma ** sum(step >= m for m in milestones)
+        return 1.0
+
+    return LambdaLR(optimizer, factor)

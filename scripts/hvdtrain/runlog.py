@@ -1,0 +1,78 @@
+"""Rank-0 output of a run: log lines or a progress bar, metrics.jsonl, TensorBoard, results.json."""
+import json
+import os
+import sys
+from pathlib import Path
+
+try:
+    from tqdm import tqdm
+except ImportError:  # tqdm is in requirements.txt; plain lines without it
+    tqdm = None
+
+
+class RunLog:
+    """Everything a run writes for people. A no-op on ranks other than 0."""
+
+    def __init__(self, ctx, output_dir, total_steps=None, tensorboard=True):
+        self.enabled = ctx.is_main
+        self.output_dir = Path(output_dir)
+        self.bar = None
+        self.writer = None
+        if not self.enabled:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.output_dir / "metrics.jsonl"
+        if tqdm is not None and sys.stderr.isatty():
+            self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
+        if tensorboard:
+            self.writer = _tensorboard_writer(self.output_dir / "tensorboard")
+
+    def info(self, message):
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def progress(self, step, **values):
+        """Advance the progress bar to ``step`` (terminal only)."""
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in values.items()}, refresh=False)
+
+    def record(self, row, step):
+        """Append one JSON object to metrics.jsonl and the scalars to TensorBoard."""
+        if not self.enabled:
+            return
+        with open(self.metrics_path, "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key not in ("step", "epoch"):
+                    self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+
+    def results(self, results):
+        """Write results.json atomically; returns the path (rank 0)."""
+        if not self.enabled:
+            return None
+        path = self.output_dir / "results.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+        return path
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _tensorboard_writer(directory):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional
+        return None
+    return SummaryWriter(log_dir=str(directory))

@@ -1,0 +1,75 @@
+"""Data sharding by rank: resumable training sampler, unpadded validation split."""
+import torch
+from torch.utils.data import Sampler
+
+
+class ShardedSampler(Sampler):
+    """Each rank's share of a shuffled epoch, resumable mid-epoch.
+
+    The permutation depends only on (seed, epoch), so every rank agrees on it;
+    rank r takes every ``size``-th index starting at r. The epoch is cut to a
+    multiple of ``size * batch_size`` so every rank runs the same number of full
+    steps: a rank with an extra step would wait forever in its allreduce.
+    ``start_batch`` skips batches already trained before a resume.
+    """
+
+    def __init__(self, num_samples, rank, size, batch_size, seed, shuffle=True):
+        self.num_samples = num_samples
+        self.rank = rank
+        self.size = size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.start_batch = 0
+        self.batches_per_epoch = num_samples // (size * batch_size)
+
+    def set_epoch(self, epoch, start_batch=0):
+        """Reseed for ``epoch``; begin after ``start_batch`` batches (resume)."""
+        self.epoch = epoch
+        self.start_batch = start_batch
+
+    def epoch_order(self):
+        if not self.shuffle:
+            return torch.arange(self.num_samples)
+        generator = torch.Generator()
+        generator.manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(self.num_samples, generator=generator)
+
+    def __iter__(self):
+        used = self.batches_per_epoch * self.size * self.batch_size
+        mine = self.epoch_order()[:used][self.rank::self.size]
+        return iter(mine[self.start_batch * self.batch_size:].tolist())
+
+    def __len__(self):
+        return (self.batches_per_epoch - self.start_batch) * self.batch_size
+
+
+class UnpaddedShardSampler(Sampler):
+    """Validation: rank r takes samples r, r+size, ...; each sample counted once.
+
+    Unlike DistributedSampler nothing is padded or repeated, so ranks may hold
+    one sample more or less; metrics must then be reduced by sums and counts.
+    """
+
+    def __init__(self, num_samples, rank, size):
+        self.indices = list(range(rank, num_samples, size))
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+def assign_files(files, rank, size, seed, epoch):
+    """NVIDIA's shard assignment: shuffle the file list by seed+epoch, rank r takes r, r+size, ...
+
+    Returns (files for this rank, sample stride): with fewer files than ranks
+    every rank reads every file and keeps every ``size``-th sample instead.
+    """
+    order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed + epoch))
+    shuffled = [files[i] for i in order.tolist()]
+    if len(files) >= size:
+        return shuffled[rank::size], 1
+    return shuffled, size
