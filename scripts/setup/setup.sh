@@ -79,7 +79,7 @@ build_horovod_wheel() {
 
     say "building Horovod $HOROVOD_VERSION for torch $torch_version, Python $python_version, $tag (about 4 minutes on 2 cores)"
     work=$(mktemp -d)
-    trap 'rm -rf "$work"' RETURN
+    trap 'rm -rf "$work"; trap - RETURN' RETURN
     pip_quiet download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
     tar xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"

@@ -1,0 +1,100 @@
+"""Unit tests of the shared package (single process; Horovod with size 1)."""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from hvdtrain import checkpoint, dist, optim
+from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler, assign_files
+
+
+def test_sharded_ranks_together_see_the_single_process_order():
+    single = list(ShardedSampler(50, rank=0, size=1, batch_size=8, seed=3))
+    ranks = [list(ShardedSampler(50, rank=r, size=2, batch_size=4, seed=3)) for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == 24  # 50 // (2 * 4) = 6 full steps each
+    for step in range(6):
+        global_batch = set(ranks[0][step * 4:(step + 1) * 4]) | set(ranks[1][step * 4:(step + 1) * 4])
+        assert global_batch == set(single[step * 8:(step + 1) * 8])
+
+
+def test_sharded_sampler_resumes_mid_epoch_and_reshuffles_per_epoch():
+    sampler = ShardedSampler(40, rank=1, size=2, batch_size=5, seed=0)
+    sampler.set_epoch(2)
+    whole = list(sampler)
+    sampler.set_epoch(2, start_batch=3)
+    assert list(sampler) == whole[15:]
+    assert len(sampler) == len(whole) - 15
+    sampler.set_epoch(3)
+    assert list(sampler) != whole
+
+
+def test_unpadded_validation_counts_every_sample_once():
+    shards = [list(UnpaddedShardSampler(11, rank=r, size=3)) for r in range(3)]
+    assert sorted(sum(shards, [])) == list(range(11))
+
+
+def test_assign_files_is_disjoint_or_strided():
+    files = [f"f{i}" for i in range(5)]
+    mine = [assign_files(files, r, 2, seed=1, epoch=0) for r in range(2)]
+    assert sorted(mine[0][0] + mine[1][0]) == files and mine[0][1] == 1
+    few, stride = assign_files(files[:1], 1, 4, seed=1, epoch=0)
+    assert few == files[:1] and stride == 4
+
+
+def test_checkpoints_keep_the_newest_and_skip_corrupt_ones(tmp_path):
+    for step in (1, 2, 3):
+        checkpoint.save({"step": step, "w": torch.full((2,), float(step))}, tmp_path, step, keep=2)
+    assert [p.name for p in checkpoint.checkpoint_paths(tmp_path)] == [
+        "step-000000003.pt", "step-000000002.pt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp file left behind"
+    checkpoint.checkpoint_paths(tmp_path)[0].write_bytes(b"truncated")
+    restored = checkpoint.load_newest_valid(tmp_path, print_fn=lambda *_: None)
+    assert restored["step"] == 2 and torch.equal(restored["w"], torch.full((2,), 2.0))
+
+
+def test_rng_state_survives_a_weights_only_checkpoint(tmp_path):
+    dist.seed_everything(5)
+    state = dist.rng_state()
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    checkpoint.atomic_save({"rng": state}, tmp_path / "rng.pt")
+    dist.seed_everything(99)
+    dist.set_rng_state(checkpoint.load(tmp_path / "rng.pt")["rng"])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0])
+    assert np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+def test_decay_groups_exempt_biases_and_norms():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    decay, no_decay = optim.decay_groups(model, 0.1)
+    assert [p.shape for p in decay["params"]] == [torch.Size([4, 3])]
+    assert len(no_decay["params"]) == 3 and no_decay["weight_decay"] == 0.0
+
+
+def test_lamb_moves_each_layer_by_lr_times_its_norm():
+    # With one step and no decay the Adam update is ~sign(grad), and the trust
+    # ratio rescales it to ||w||: every tensor moves by lr * ||w||, whatever its scale.
+    torch.manual_seed(0)
+    big = torch.nn.Parameter(torch.randn(10) * 100)
+    small = torch.nn.Parameter(torch.randn(10) * 0.01)
+    before = [big.detach().clone(), small.detach().clone()]
+    opt = optim.LAMB([big, small], lr=0.01, weight_decay=0.0)
+    (big.sum() * 3 + (small ** 2).sum()).backward()
+    opt.step()
+    for new, old in zip((big, small), before):
+        assert torch.isclose((new.detach() - old).norm(), 0.01 * old.norm(), rtol=1e-3)
+
+
+def test_schedule_warms_up_linearly_then_decays_to_zero():
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=1.0)
+    sched = optim.warmup_then_decay(opt, warmup_steps=4, total_steps=12, decay="cosine")
+    rates = []
+    for _ in range(12):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert rates[4] == pytest.approx(1.0) and rates[-1] < 0.05
+    assert all(a >= b for a, b in zip(rates[4:], rates[5:]))

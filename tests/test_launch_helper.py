@@ -1,0 +1,43 @@
+"""The launch helper every launcher test relies on: timeouts kill the whole group."""
+import os
+import time
+
+from launch import launch
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes: it only waits to be reaped by its parent.
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().split()[2] != "Z"
+
+
+def test_timeout_kills_every_process_in_the_group(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    started = time.monotonic()
+    run = launch(["bash", "-c", f"sleep 300 & echo $! > {pid_file}; echo started; wait"], timeout=2)
+    assert run.timed_out
+    assert time.monotonic() - started < 30
+    assert "started" in run.output
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the background child outlived the timeout"
+
+
+def test_output_and_exit_status_come_back():
+    run = launch(["bash", "-c", "echo one; echo two >&2; exit 3"], timeout=30)
+    assert not run.timed_out
+    assert run.returncode == 3
+    assert "one" in run.output and "two" in run.output
+
+
+def test_rank_output_reads_both_tag_styles():
+    run = launch(["printf", "[0]<stdout>:gloo zero\n[1,1]<stdout>:mpi one\n[1,0]<stderr>:mpi zero\n"],
+                 timeout=30)
+    assert run.rank_output(0) == "gloo zero\nmpi zero"
+    assert run.rank_output(1) == "mpi one"
