@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Elastic host discovery for ``horovodrun --host-discovery-script``.
+
+horovodrun runs this script every few seconds and reads one ``host:slots``
+line per usable host from its output. The hosts come from a hostfile that
+may change while the job runs: add a line and Horovod grows the job, remove
+one and it shrinks. Replace the file atomically (write a new file, then
+``mv`` it over the old one) so a run never reads half a file.
+
+    horovodrun -np 4 --min-np 2 --max-np 8 \\
+        --host-discovery-script "python scripts/discover_hosts.py hostfiles/elastic" \\
+        python my_elastic_train.py
+
+The hostfile takes any form make_hostfile.py reads (``host slots=N``,
+``host:N``, comments). The path can also come from HVD_DISCOVERY_HOSTFILE.
+A missing or broken file is one line on stderr and exit status 2, which
+horovodrun reports; it never prints a partial host list.
+"""
+import os
+import sys
+from pathlib import Path
+
+from hvdtrain import hosts as hostlib
+from hvdtrain.cli import ArgumentParser, UsageError, positive_int, run_main
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("hostfile", nargs="?", default=os.environ.get("HVD_DISCOVERY_HOSTFILE"),
+                        help="hostfile to read (default: $HVD_DISCOVERY_HOSTFILE)")
+    parser.add_argument("--slots", type=positive_int, default=1,
+                        help="slots for a host listed without a count")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not args.hostfile:
+        raise UsageError("no hostfile: pass one or set HVD_DISCOVERY_HOSTFILE")
+    try:
+        text = Path(args.hostfile).read_text()
+    except OSError as error:
+        raise UsageError(f"cannot read {args.hostfile}: {error.strerror}") from None
+    hosts = hostlib.parse_hostfile(text, args.hostfile, default_slots=args.slots)
+    # Horovod's discovery format: one "host:slots" per line.
+    sys.stdout.write("".join(f"{host.name}:{host.slots}\n" for host in hosts))
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,162 @@
+# slurm/common.sh: sourced by the sbatch files in slurm/. Starts the Horovod
+# ranks with the launcher you choose and turns Slurm's warning signal into
+# "checkpoint, then requeue":
+#
+#   source "$HVD_REPO/slurm/common.sh"
+#   hvd_run scripts/train_cnn.py "$@"
+#
+# Settings, read from the environment (sbatch passes yours on):
+#   LAUNCHER=srun        srun --mpi=pmix (default): Slurm starts every rank
+#   LAUNCHER=mpirun      Open MPI's mpirun, which reads the allocation itself
+#   LAUNCHER=horovodrun  horovodrun -H <hosts from scontrol show hostnames>
+#   LAUNCHER_ARGS="..."  extra launcher arguments, e.g. "--gloo" for horovodrun
+#   PYTHON=python        the ranks' interpreter (the activated venv's by default)
+#
+# Preemption: the sbatch files ask for `--signal=B:USR1@<seconds>`, so Slurm
+# sends USR1 to this batch shell that long before the time limit (or send it
+# yourself: scancel --signal=USR1 --batch JOBID). The trap below passes USR1 to
+# the ranks; they finish their step, checkpoint and exit 0; then the job is
+# requeued with `scontrol requeue` and the next run resumes from the checkpoint.
+# The launcher runs in the background and the shell waits on it, because bash
+# runs a trap only between commands: a foreground launcher would delay it
+# until training ended.
+
+hvd_log() { printf '[hvd %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+hvd_fail() { printf '%s: error: %s\n' "${SLURM_JOB_NAME:-${0##*/}}" "$*" >&2; exit 2; }
+
+# The -H string for horovodrun: every node of the job with its task count.
+hvd_horovodrun_hosts() {
+    local nodes
+    nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -) || return 1
+    "$PYTHON" "$HVD_REPO/scripts/make_hostfile.py" --hosts "$nodes" \
+        --tasks-per-node "${SLURM_TASKS_PER_NODE:-$SLURM_NTASKS_PER_NODE}" --format H
+}
+
+# Sets HVD_LAUNCH, the launcher command line (without the python command).
+hvd_launch_command() {
+    case "$LAUNCHER" in
+        srun)
+            # --kill-on-bad-exit: one failed rank ends the step instead of hanging it.
+            HVD_LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1) ;;
+        mpirun)
+            # Open MPI takes nodes and slots from the allocation; no binding, so
+            # each rank's OMP_NUM_THREADS threads can use its cores.
+            HVD_LAUNCH=(mpirun -np "$SLURM_NTASKS" --bind-to none --map-by slot) ;;
+        horovodrun)
+            local hosts
+            hosts=$(hvd_horovodrun_hosts) || hvd_fail "cannot build horovodrun's -H list"
+            HVD_LAUNCH=(horovodrun -np "$SLURM_NTASKS" -H "$hosts") ;;
+        *)
+            hvd_fail "LAUNCHER=$LAUNCHER: choose srun, mpirun or horovodrun" ;;
+    esac
+    local extra
+    read -r -a extra <<< "${LAUNCHER_ARGS:-}"
+    HVD_LAUNCH+=("${extra[@]}")
+}
+
+hvd_descendants() {
+    local child
+    for child in $(pgrep -P "$1"); do
+        echo "$child"
+        hvd_descendants "$child"
+    done
+}
+
+# The training processes under the launcher on this node: python running the script.
+hvd_local_rank_pids() {
+    local pid argv
+    for pid in $(hvd_descendants "$HVD_LAUNCHER_PID"); do
+        mapfile -d '' -t argv 2>/dev/null < "/proc/$pid/cmdline" || continue
+        [[ "${argv[0]##*/}" == python* && "${argv[1]:-}" == "$HVD_SCRIPT" ]] && echo "$pid"
+    done
+}
+
+# Deliver a signal to the ranks. srun and Open MPI's mpirun forward USR1 to every
+# rank. horovodrun does not (it would exit and kill the ranks), so signal the
+# ranks on this node directly: StopRequest.should_stop() is an allreduce, so
+# every rank on every node stops after the same step.
+hvd_signal_ranks() {
+    local signal=$1 pids tries
+    if [ "$LAUNCHER" != horovodrun ]; then
+        kill -s "$signal" "$HVD_LAUNCHER_PID" 2>/dev/null
+        return
+    fi
+    for tries in 1 2 3 4 5 6 7 8 9 10; do  # ranks may still be starting
+        pids=$(hvd_local_rank_pids)
+        if [ -n "$pids" ]; then
+            # shellcheck disable=SC2086  # one pid per word
+            kill -s "$signal" $pids 2>/dev/null
+            return
+        fi
+        kill -0 "$HVD_LAUNCHER_PID" 2>/dev/null || return
+        sleep 1
+    done
+    hvd_log "found no rank processes of $HVD_SCRIPT to signal"
+}
+
+hvd_on_usr1() {
+    hvd_log "USR1: asking the ranks to checkpoint and stop; the job will be requeued"
+    HVD_REQUEUE=1
+    hvd_signal_ranks USR1
+}
+
+hvd_on_term() {
+    # Cancelled, preempted or out of time: Slurm signals every process of the
+    # job itself (and requeues a preempted job itself). Wait for the ranks.
+    hvd_log "TERM: the ranks stop after their current step"
+    HVD_REQUEUE=0
+}
+
+# Wait for the launcher. `wait` returns early when a trapped signal arrives,
+# so keep waiting until the launcher has really exited.
+hvd_wait_launcher() {
+    local status
+    while :; do
+        wait "$HVD_LAUNCHER_PID"
+        status=$?
+        if [ "$status" -gt 128 ] && kill -0 "$HVD_LAUNCHER_PID" 2>/dev/null; then
+            continue
+        fi
+        return "$status"
+    done
+}
+
+# hvd_run SCRIPT [ARGS...]: run SCRIPT on every rank of the job, requeue on USR1.
+hvd_run() {
+    # By absolute path: the job runs in the submit directory, where relative
+    # paths in the script's arguments (--output-dir runs/x) mean what you typed.
+    HVD_SCRIPT=$HVD_REPO/$1
+    shift
+    [ -n "${SLURM_JOB_ID:-}" ] || hvd_fail "not inside a Slurm job: submit this file with sbatch"
+    [ -f "$HVD_SCRIPT" ] || hvd_fail "$HVD_SCRIPT not found: submit from the repository root or set HVD_REPO"
+    LAUNCHER=${LAUNCHER:-srun}
+    PYTHON=${PYTHON:-python}
+    # One thread per core of each rank; srun (since Slurm 22.05) no longer
+    # inherits --cpus-per-task from the job, so hand it on explicitly.
+    export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+    [ -n "${SLURM_CPUS_PER_TASK:-}" ] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+    hvd_launch_command
+
+    hvd_log "job $SLURM_JOB_ID ($SLURM_JOB_NAME) restart count ${SLURM_RESTART_COUNT:-0}:" \
+        "${SLURM_JOB_NUM_NODES:-1} node(s) ${SLURM_JOB_NODELIST}, ${SLURM_NTASKS} ranks," \
+        "${OMP_NUM_THREADS} thread(s) each, GPUs ${CUDA_VISIBLE_DEVICES:-none}, launcher $LAUNCHER"
+    HVD_REQUEUE=0
+    trap hvd_on_usr1 USR1
+    trap hvd_on_term TERM
+    hvd_log "+ ${HVD_LAUNCH[*]} $PYTHON $HVD_SCRIPT $*"
+    "${HVD_LAUNCH[@]}" "$PYTHON" "$HVD_SCRIPT" "$@" &
+    HVD_LAUNCHER_PID=$!
+    hvd_wait_launcher
+    local status=$?
+    trap - USR1 TERM
+    hvd_log "launcher exited with status $status"
+
+    if [ "$HVD_REQUEUE" = 1 ] && [ "$status" -eq 0 ]; then
+        hvd_log "requeueing job $SLURM_JOB_ID; its next run resumes from the checkpoint"
+        if ! scontrol requeue "$SLURM_JOB_ID"; then
+            hvd_log "scontrol requeue failed: submit the same command again to resume"
+            exit 1
+        fi
+    fi
+    exit "$status"
+}
