@@ -6,7 +6,9 @@
 import os
 import random
 import sys
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -15,8 +17,42 @@ import horovod.torch as hvd
 from .cli import UsageError
 
 # A rank that freezes (alive but silent) would otherwise hang the job forever:
-# Horovod's stall check only warns unless a shutdown time is set.
-DEFAULT_STALL_SHUTDOWN_SECONDS = 300
+# Horovod's stall check only warns unless a shutdown time is set, and with the
+# Gloo controller it does not shut down even then (measured: a job with a frozen
+# rank still hung after 180 s). So every rank also runs a progress watchdog.
+DEFAULT_STALL_SHUTDOWN_SECONDS = 600
+WATCHDOG_ENV = "HVDTRAIN_WATCHDOG_SECONDS"
+WATCHDOG_EXIT = 3
+
+
+class Watchdog:
+    """Ends this process when the training loop stops making progress.
+
+    The loop calls ``beat()`` after each step. If no beat comes for ``timeout``
+    seconds (this rank waits forever in a collective that a frozen rank never
+    joins, or is frozen itself), a daemon thread prints one line and exits the
+    process; the launcher (horovodrun, mpirun, srun) then ends the other ranks.
+    """
+
+    def __init__(self, timeout, rank):
+        self.timeout = timeout
+        self.rank = rank
+        self.last_beat = time.monotonic()
+        if timeout > 0:
+            threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True).start()
+
+    def beat(self):
+        self.last_beat = time.monotonic()
+
+    def _watch(self):
+        while True:
+            time.sleep(min(5.0, self.timeout / 4))
+            silent = time.monotonic() - self.last_beat
+            if silent > self.timeout:
+                print(f"rank {self.rank}: error: no training progress for {silent:.0f} s "
+                      f"(a rank is stalled or dead; {WATCHDOG_ENV}={self.timeout:g}); aborting",
+                      file=sys.stderr, flush=True)
+                os._exit(WATCHDOG_EXIT)
 
 
 @dataclass
@@ -26,6 +62,7 @@ class Context:
     local_rank: int
     local_size: int
     device: torch.device
+    watchdog: Watchdog = field(repr=False)
 
     @property
     def is_main(self):
@@ -37,11 +74,19 @@ class Context:
 
 
 def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
-    """Start Horovod, pin this rank to its GPU, and share the CPU cores fairly."""
+    """Start Horovod, pin this rank to its GPU, and share the CPU cores fairly.
+
+    Also starts the progress watchdog: ``ctx.watchdog.beat()`` after every step.
+    Its timeout is the stall shutdown time (``HVDTRAIN_WATCHDOG_SECONDS``
+    overrides it; 0 turns it off).
+    """
     # Horovod reads these at init; an explicit environment setting wins.
+    # (horovodrun's --stall-check-shutdown-time-seconds sets the same variable.)
     shutdown = stall_shutdown_seconds or DEFAULT_STALL_SHUTDOWN_SECONDS
-    os.environ.setdefault("HOROVOD_STALL_CHECK_SHUTDOWN_TIME_SECONDS", str(shutdown))
-    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(min(60, shutdown)))
+    os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(shutdown))
+    # The warning time must not exceed the shutdown time, or Horovod ignores the shutdown.
+    warning = min(60, int(os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]))
+    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(warning))
     hvd.init()  # Horovod: start the background communication thread.
 
     if use_cuda and torch.cuda.is_available():
@@ -57,8 +102,11 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
     if threads:
         torch.set_num_threads(threads)
 
+    watchdog_seconds = float(os.environ.get(
+        WATCHDOG_ENV, os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]))
     return Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
-                   local_size=hvd.local_size(), device=device)
+                   local_size=hvd.local_size(), device=device,
+                   watchdog=Watchdog(watchdog_seconds, hvd.rank()))
 
 
 def seed_everything(seed):

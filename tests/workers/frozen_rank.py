@@ -1,0 +1,27 @@
+"""Run under horovodrun -np 2: rank 1 freezes (alive, silent) after init.
+
+Rank 0 then waits in an allreduce that rank 1 never joins. hvdtrain.dist.init
+sets Horovod's stall shutdown, so the job must end instead of hanging.
+"""
+import sys
+import time
+from pathlib import Path
+
+import torch
+import horovod.torch as hvd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from hvdtrain import dist  # noqa: E402
+
+
+def main():
+    ctx = dist.init()
+    if ctx.rank == 1:
+        time.sleep(3600)  # frozen: alive, never calls a collective again
+    print("rank 0 waiting in allreduce", flush=True)
+    hvd.allreduce(torch.ones(1), name="never_completes")
+    print("allreduce returned: should not happen", flush=True)
+
+
+if __name__ == "__main__":
+    main()
