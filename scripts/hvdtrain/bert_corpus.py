@@ -1,0 +1,356 @@
+"""BERT data preparation: text -> documents -> WordPiece vocabulary -> NSP instances.
+
+Pure Python (no Horovod, no MPI), used by scripts/prepare_bert_data.py.
+
+Randomness is keyed per document: the instances made from document ``d`` of
+input file ``f`` in duplication round ``k`` depend only on (seed, f, d, k), never
+on which rank makes them or in which order. That is what lets N ranks write the
+same examples (as a set) as one process does.
+"""
+import collections
+import hashlib
+import heapq
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+DEFAULT_CORPUS = "pydoc_data.topics"
+TEXT_SUFFIXES = (".txt", ".text")
+
+_HEADING_RULE = re.compile(r"^\s*([*=\-~^])\1{2,}\s*$")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(*])")
+
+
+# ----------------------------------------------------------------------------- reading text
+
+def input_files(paths):
+    """The text files named by ``paths`` (files, or directories of *.txt), sorted.
+
+    Sorted so that every rank numbers the files the same way.
+    """
+    files = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"input not found: {path}")
+    return files
+
+
+def read_documents(path):
+    """A text file as documents: blank lines separate documents, one sentence per line."""
+    documents, current = [], []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            line = line.strip()
+            if line:
+                current.append(line)
+            elif current:
+                documents.append(current)
+                current = []
+    if current:
+        documents.append(current)
+    return documents
+
+
+def default_corpus_documents():
+    """CPython's own documentation (pydoc_data.topics): one document per topic.
+
+    The topics are hard-wrapped reStructuredText-like text; paragraphs are
+    re-joined and split into sentences, so a "line" means what it does in an
+    input file. About 465k characters, shipped with every Python: works offline.
+    """
+    from pydoc_data.topics import topics
+    documents = []
+    for name in sorted(topics):
+        sentences = []
+        for paragraph in re.split(r"\n\s*\n", topics[name]):
+            lines = [line for line in paragraph.splitlines() if not _HEADING_RULE.match(line)]
+            text = " ".join(" ".join(lines).split())
+            sentences.extend(s for s in _SENTENCE_END.split(text) if s)
+        if sentences:
+            documents.append(sentences)
+    return documents
+
+
+# ----------------------------------------------------------------------------- vocabulary
+
+def train_wordpiece(texts, vocab_size, lowercase, min_frequency=2, limit_alphabet=1000):
+    """A WordPiece vocabulary (dict token -> id), the same on every run.
+
+    The algorithm of the `tokenizers` WordPiece trainer (BPE merges over words
+    split by BERT's pre-tokenizer, "##" marking word-inner pieces), with ties
+    broken by the pieces' text. The `tokenizers` trainer breaks ties by hash-map
+    order and so trains a different vocabulary on each run
+    (huggingface/tokenizers#1794); prepared data must not depend on luck.
+    """
+    from tokenizers import normalizers, pre_tokenizers
+    normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    splitter = pre_tokenizers.BertPreTokenizer()
+    word_counts = collections.Counter()
+    for text in texts:
+        word_counts.update(w for w, _ in splitter.pre_tokenize_str(normalizer.normalize_str(text)))
+    alphabet = _alphabet(word_counts, limit_alphabet)
+    vocab = list(SPECIAL_TOKENS) + sorted(alphabet) + sorted(f"##{c}" for c in alphabet)
+    words = [(["##" + c if i else c for i, c in enumerate(word)], count)
+             for word, count in sorted(word_counts.items()) if set(word) <= alphabet]
+    _merge_pairs(words, vocab, vocab_size, min_frequency)
+    return {token: index for index, token in enumerate(vocab)}
+
+
+def _alphabet(word_counts, limit):
+    """The ``limit`` most frequent characters (ties by character)."""
+    counts = collections.Counter()
+    for word, count in word_counts.items():
+        for char in word:
+            counts[char] += count
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return {char for char, _ in ranked[:limit]}
+
+
+def _merge_pairs(words, vocab, vocab_size, min_frequency):
+    """Append merged pieces to ``vocab`` until it has ``vocab_size`` tokens.
+
+    Pair counts are kept incrementally; a heap yields the most frequent pair,
+    ties broken by text. Stale heap entries are skipped when popped.
+    """
+    pair_counts, pair_words = collections.Counter(), collections.defaultdict(set)
+    for index, (symbols, count) in enumerate(words):
+        for pair in zip(symbols, symbols[1:]):
+            pair_counts[pair] += count
+            pair_words[pair].add(index)
+    heap = [(-count, pair) for pair, count in pair_counts.items()]
+    heapq.heapify(heap)
+    known = set(vocab)
+    while len(vocab) < vocab_size and heap:
+        negative, pair = heapq.heappop(heap)
+        if pair_counts.get(pair, 0) != -negative:
+            continue  # stale entry
+        if -negative < min_frequency:
+            break
+        merged = pair[0] + pair[1][2:]
+        if merged not in known:
+            vocab.append(merged)
+            known.add(merged)
+        touched = set()
+        for index in sorted(pair_words.pop(pair, ())):
+            symbols, count = words[index]
+            for old in zip(symbols, symbols[1:]):
+                pair_counts[old] -= count
+                touched.add(old)
+            symbols = _merge_word(symbols, pair, merged)
+            words[index] = (symbols, count)
+            for new in zip(symbols, symbols[1:]):
+                pair_counts[new] += count
+                pair_words[new].add(index)
+                touched.add(new)
+        for changed in touched:
+            if pair_counts[changed] > 0:
+                heapq.heappush(heap, (-pair_counts[changed], changed))
+            else:
+                pair_counts.pop(changed, None)
+
+
+def _merge_word(symbols, pair, merged):
+    out, i = [], 0
+    while i < len(symbols):
+        if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
+            out.append(merged)
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
+
+
+def hf_tokenizer(vocab, lowercase):
+    """A transformers BertTokenizerFast over ``vocab`` (dict token -> id)."""
+    from transformers import BertTokenizerFast
+    return BertTokenizerFast(vocab=dict(vocab), do_lower_case=lowercase)
+
+
+def load_tokenizer(path, lowercase):
+    """Reuse a vocabulary: a vocab.txt file, or a directory with a saved tokenizer or vocab.txt."""
+    from transformers import BertTokenizerFast
+    path = Path(path)
+    if path.is_dir():
+        return BertTokenizerFast.from_pretrained(str(path))
+    vocab = {}
+    with open(path, encoding="utf-8") as handle:
+        for index, line in enumerate(handle):
+            vocab[line.rstrip("\n")] = index
+    return hf_tokenizer(vocab, lowercase)
+
+
+def save_tokenizer(tokenizer, directory):
+    """Hugging Face format (tokenizer.json + config) plus the classic vocab.txt."""
+    directory = Path(directory)
+    tokenizer.save_pretrained(str(directory))
+    (directory / "vocab.txt").write_text("\n".join(vocab_tokens(tokenizer)) + "\n", encoding="utf-8")
+
+
+def vocab_tokens(tokenizer):
+    """Tokens in id order."""
+    vocab = tokenizer.get_vocab()
+    return sorted(vocab, key=vocab.get)
+
+
+def vocab_hash(tokenizer):
+    """sha256 of the tokens in id order: identifies a vocabulary whatever file holds it."""
+    return hashlib.sha256("\n".join(vocab_tokens(tokenizer)).encode("utf-8")).hexdigest()
+
+
+def tokenize_documents(tokenizer, documents):
+    """Each document as a list of token-id lists (one per sentence); empty ones dropped."""
+    flat = [sentence for document in documents for sentence in document]
+    ids = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+    tokenized, position = [], 0
+    for document in documents:
+        sentences = [s for s in ids[position:position + len(document)] if s]
+        position += len(document)
+        tokenized.append(sentences)
+    return tokenized
+
+
+# ----------------------------------------------------------------------------- instances
+
+@dataclass
+class SpecialIds:
+    cls: int
+    sep: int
+    mask: int
+    pad: int
+    vocab_size: int
+    first_regular: int  # random replacement tokens are drawn from [first_regular, vocab_size)
+
+    @classmethod
+    def of(cls, tokenizer):
+        special = [tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS]
+        return cls(cls=tokenizer.cls_token_id, sep=tokenizer.sep_token_id,
+                   mask=tokenizer.mask_token_id, pad=tokenizer.pad_token_id,
+                   vocab_size=len(tokenizer), first_regular=max(special) + 1)
+
+
+@dataclass
+class Instance:
+    """One sentence pair: [CLS] A [SEP] B [SEP], and whether B was a random segment."""
+    tokens: list
+    segment_ids: list
+    is_random_next: bool
+    masked_positions: list = None
+    masked_ids: list = None
+
+
+def document_rng(seed, file_index, document_index, round_index):
+    """The random generator of one document in one duplication round (str seeds hash with sha512)."""
+    return random.Random(f"{seed}:{file_index}:{document_index}:{round_index}")
+
+
+def instances_from_document(documents, index, max_seq_length, short_seq_prob, rng, ids):
+    """Google BERT's create_instances_from_document: NSP pairs from one document.
+
+    ``documents`` is the list of tokenized documents of this document's input
+    file: "random next" segments come from another document of the same file,
+    so the result does not depend on how files are split across ranks.
+    """
+    document = documents[index]
+    max_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP]
+    # Mostly fill the sequence; sometimes train on short ones to match fine-tuning inputs.
+    target_length = rng.randint(2, max_tokens) if rng.random() < short_seq_prob else max_tokens
+    instances, chunk, chunk_length, i = [], [], 0, 0
+    while i < len(document):
+        chunk.append(document[i])
+        chunk_length += len(document[i])
+        if i == len(document) - 1 or chunk_length >= target_length:
+            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+            tokens_a = [t for segment in chunk[:a_end] for t in segment]
+            tokens_b, is_random_next = [], False
+            if len(chunk) == 1 or rng.random() < 0.5:
+                is_random_next = True
+                tokens_b = _random_segment(documents, index, target_length - len(tokens_a), rng)
+                i -= len(chunk) - a_end  # the unused segments go back into the pool
+            else:
+                tokens_b = [t for segment in chunk[a_end:] for t in segment]
+            _truncate_pair(tokens_a, tokens_b, max_tokens, rng)
+            if tokens_a and tokens_b:
+                instances.append(Instance(
+                    tokens=[ids.cls, *tokens_a, ids.sep, *tokens_b, ids.sep],
+                    segment_ids=[0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1),
+                    is_random_next=is_random_next))
+            chunk, chunk_length = [], 0
+        i += 1
+    return instances
+
+
+def _random_segment(documents, index, target_length, rng):
+    other = index
+    for _ in range(10):  # Google's rule: a few tries to find a different document
+        other = rng.randint(0, len(documents) - 1)
+        if other != index:
+            break
+    document = documents[other]
+    tokens = []
+    for segment in document[rng.randint(0, len(document) - 1):]:
+        tokens.extend(segment)
+        if len(tokens) >= target_length:
+            break
+    return tokens
+
+
+def _truncate_pair(tokens_a, tokens_b, max_tokens, rng):
+    """Trim the longer segment, from the front or the back at random, until both fit."""
+    while len(tokens_a) + len(tokens_b) > max_tokens:
+        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+        if rng.random() < 0.5:
+            del longer[0]
+        else:
+            longer.pop()
+
+
+def mask_instance(instance, masked_lm_prob, max_predictions, rng, ids):
+    """Static masking (BERT): ~15% of the tokens, of which 80% [MASK], 10% random, 10% kept."""
+    candidates = [i for i, t in enumerate(instance.tokens) if t not in (ids.cls, ids.sep)]
+    rng.shuffle(candidates)
+    count = min(max_predictions, max(1, round(len(instance.tokens) * masked_lm_prob)))
+    positions = sorted(candidates[:count])
+    instance.masked_positions = positions
+    instance.masked_ids = [instance.tokens[p] for p in positions]
+    for position in positions:
+        draw = rng.random()
+        if draw < 0.8:
+            instance.tokens[position] = ids.mask
+        elif draw < 0.9:
+            instance.tokens[position] = rng.randint(ids.first_regular, ids.vocab_size - 1)
+        # else: keep the original token
+
+
+def instances_to_arrays(instances, max_seq_length, max_predictions):
+    """Fixed-size arrays in the shard format (see bert_data.SHARD_FORMAT_DOC)."""
+    n = len(instances)
+    arrays = {
+        "input_ids": np.zeros((n, max_seq_length), dtype=np.int32),
+        "segment_ids": np.zeros((n, max_seq_length), dtype=np.int8),
+        "input_mask": np.zeros((n, max_seq_length), dtype=np.int8),
+        "next_sentence_labels": np.zeros((n,), dtype=np.int8),
+    }
+    static = n and instances[0].masked_positions is not None
+    if static:
+        arrays["masked_lm_positions"] = np.zeros((n, max_predictions), dtype=np.int32)
+        arrays["masked_lm_ids"] = np.zeros((n, max_predictions), dtype=np.int32)
+    for row, instance in enumerate(instances):
+        length = len(instance.tokens)
+        arrays["input_ids"][row, :length] = instance.tokens
+        arrays["segment_ids"][row, :length] = instance.segment_ids
+        arrays["input_mask"][row, :length] = 1
+        arrays["next_sentence_labels"][row] = int(instance.is_random_next)
+        if static:
+            count = len(instance.masked_positions)
+            arrays["masked_lm_positions"][row, :count] = instance.masked_positions
+            arrays["masked_lm_ids"][row, :count] = instance.masked_ids
+    return arrays

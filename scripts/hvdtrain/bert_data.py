@@ -1,0 +1,230 @@
+"""BERT pretraining shards: the on-disk format, its checks, and training batches.
+
+Pure (no Horovod): the trainer passes rank and size in.
+"""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .cli import UsageError
+from .sampling import assign_files
+
+FORMAT_NAME = "hvdtrain-bert-shards"
+FORMAT_VERSION = 1
+METADATA = "metadata.json"
+TOKENIZER_DIR = "tokenizer"
+
+SHARD_FORMAT_DOC = """\
+Shard format, version 1 (a directory written by scripts/prepare_bert_data.py):
+
+  metadata.json       format, format_version, vocab_sha256, vocab_size, lowercase,
+                      special_ids, max_seq_length, max_predictions_per_seq,
+                      masking ("static" or "dynamic"), masked_lm_prob,
+                      short_seq_prob, dupe_factor, seed, num_instances,
+                      shards: [{"file", "instances"}], source, world_size
+  tokenizer/          Hugging Face tokenizer (tokenizer.json, tokenizer_config.json)
+                      and vocab.txt
+  shard-NNNNN.h5      HDF5, one row per instance (NVIDIA's dataset names):
+      input_ids             int32 [n, max_seq_length]   [CLS] A [SEP] B [SEP], 0-padded
+      segment_ids           int8  [n, max_seq_length]   0 for A, 1 for B
+      input_mask            int8  [n, max_seq_length]   1 on real tokens
+      next_sentence_labels  int8  [n]                   1 when B is a random segment
+    static masking only (input_ids already masked 80/10/10):
+      masked_lm_positions   int32 [n, max_predictions]  0-padded ([CLS] is never masked)
+      masked_lm_ids         int32 [n, max_predictions]  original tokens at those positions
+    attribute format_version = 1
+"""
+
+ARRAYS = ("input_ids", "segment_ids", "input_mask", "next_sentence_labels")
+STATIC_ARRAYS = ("masked_lm_positions", "masked_lm_ids")
+
+
+def shard_name(index):
+    return f"shard-{index:05d}.h5"
+
+
+# ----------------------------------------------------------------------------- writing
+
+def write_shard(path, arrays):
+    """One shard, written to a temporary name and renamed (no half-written shards)."""
+    import h5py
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with h5py.File(tmp, "w") as handle:
+        handle.attrs["format_version"] = FORMAT_VERSION
+        for name, array in arrays.items():
+            handle.create_dataset(name, data=array, compression="gzip", compression_opts=1)
+    os.replace(tmp, path)
+
+
+def write_metadata(directory, metadata):
+    path = Path(directory) / METADATA
+    tmp = path.with_name(f".{METADATA}.tmp")
+    tmp.write_text(json.dumps(metadata, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- checking
+
+def read_metadata(directory):
+    """The metadata of a shard directory, or a UsageError naming what is wrong."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UsageError(f"data directory not found: {directory} (run scripts/prepare_bert_data.py)")
+    path = directory / METADATA
+    if not path.is_file():
+        raise UsageError(f"no shards in {directory}: {METADATA} is missing (run scripts/prepare_bert_data.py)")
+    try:
+        metadata = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise UsageError(f"cannot read {path}: {error}") from None
+    if metadata.get("format") != FORMAT_NAME or metadata.get("format_version") != FORMAT_VERSION:
+        raise UsageError(f"{path}: unsupported shard format {metadata.get('format')!r} "
+                         f"version {metadata.get('format_version')!r} (expected {FORMAT_NAME} v{FORMAT_VERSION})")
+    if not metadata.get("shards") or not metadata.get("num_instances"):
+        raise UsageError(f"no shards in {directory}: {METADATA} lists no instances")
+    return metadata
+
+
+def check_shard(directory, entry, metadata):
+    """Open one shard and compare its arrays with the metadata; UsageError naming the file."""
+    import h5py
+    path = Path(directory) / entry["file"]
+    if not path.is_file():
+        raise UsageError(f"shard missing: {path}")
+    names = ARRAYS + (STATIC_ARRAYS if metadata["masking"] == "static" else ())
+    try:
+        with h5py.File(path, "r") as handle:
+            shapes = {name: handle[name].shape for name in names if name in handle}
+            # Read the first and last rows so a truncated file is caught now, not mid-run.
+            for name in names:
+                if name in handle and handle[name].shape[0]:
+                    handle[name][0], handle[name][-1]
+    except Exception as error:  # h5py raises OSError, KeyError, ... for damaged files
+        raise UsageError(f"corrupt shard {path}: {error.__class__.__name__}: {error}") from None
+    missing = [name for name in names if name not in shapes]
+    if missing:
+        raise UsageError(f"corrupt shard {path}: missing {', '.join(missing)}")
+    rows, length = metadata_rows(entry), metadata["max_seq_length"]
+    if shapes["input_ids"] != (rows, length):
+        raise UsageError(f"shard {path} holds input_ids of shape {shapes['input_ids']}, "
+                         f"but {METADATA} says ({rows}, {length})")
+
+
+def metadata_rows(entry):
+    return int(entry["instances"])
+
+
+def load_arrays(directory, files, names):
+    """Concatenate ``names`` from shard ``files`` (in that order) into memory."""
+    import h5py
+    parts = {name: [] for name in names}
+    for file in files:
+        path = Path(directory) / file
+        try:
+            with h5py.File(path, "r") as handle:
+                for name in names:
+                    parts[name].append(handle[name][...])
+        except Exception as error:
+            raise UsageError(f"corrupt shard {path}: {error.__class__.__name__}: {error}") from None
+    return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+
+
+# ----------------------------------------------------------------------------- training data
+
+class PretrainingData:
+    """This rank's examples, epoch by epoch, in a resumable order.
+
+    Files are assigned the NVIDIA way (``assign_files``: shuffled by seed+epoch,
+    rank r takes files r, r+size, ...; strided samples with fewer files than
+    ranks). Every rank computes every rank's sample count from the metadata, so
+    all ranks agree on the number of steps in an epoch without talking.
+    Micro-batch ``(epoch, step, micro)`` is a pure function of those numbers and
+    the seed, which makes resuming exact.
+    """
+
+    def __init__(self, directory, metadata, rank, size, seed, micro_batch, accumulation,
+                 mlm_probability=0.15):
+        self.directory = Path(directory)
+        self.metadata = metadata
+        self.rank, self.size, self.seed = rank, size, seed
+        self.micro_batch, self.accumulation = micro_batch, accumulation
+        self.mlm_probability = mlm_probability
+        self.static = metadata["masking"] == "static"
+        self.special = metadata["special_ids"]
+        self.files = [entry["file"] for entry in metadata["shards"]]
+        self.rows = {entry["file"]: metadata_rows(entry) for entry in metadata["shards"]}
+        self.epoch, self.arrays, self.order = None, None, None
+        self._steps = {}
+
+    def rank_samples(self, rank, epoch):
+        files, stride = assign_files(self.files, rank, self.size, self.seed, epoch)
+        total = sum(self.rows[f] for f in files)
+        return len(range(rank, total, stride)) if stride > 1 else total
+
+    def steps_in_epoch(self, epoch):
+        """Optimizer steps every rank can take in ``epoch`` (the smallest rank decides)."""
+        if epoch not in self._steps:
+            fewest = min(self.rank_samples(r, epoch) for r in range(self.size))
+            self._steps[epoch] = fewest // (self.micro_batch * self.accumulation)
+        return self._steps[epoch]
+
+    def start_epoch(self, epoch):
+        files, stride = assign_files(self.files, self.rank, self.size, self.seed, epoch)
+        names = ("input_ids", "segment_ids", "input_mask", "next_sentence_labels")
+        if self.static:
+            names += ("masked_lm_positions", "masked_lm_ids")
+        arrays = load_arrays(self.directory, files, names)
+        if stride > 1:
+            arrays = {k: v[self.rank::stride] for k, v in arrays.items()}
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch * 1_009 + self.rank)
+        self.order = torch.randperm(len(arrays["input_ids"]), generator=generator).numpy()
+        self.epoch, self.arrays = epoch, arrays
+
+    def batch(self, step, micro):
+        """Micro-batch ``micro`` of optimizer step ``step`` (counted within the epoch)."""
+        start = (step * self.accumulation + micro) * self.micro_batch
+        rows = np.sort(self.order[start:start + self.micro_batch])
+        pick = {name: array[rows] for name, array in self.arrays.items()}
+        if self.static:
+            labels = static_labels(pick)
+        else:
+            rng = np.random.default_rng([self.seed, self.epoch, self.rank, step, micro])
+            labels = dynamic_mask(pick, self.special, self.mlm_probability, rng)
+        return {
+            "input_ids": torch.from_numpy(pick["input_ids"].astype(np.int64)),
+            "token_type_ids": torch.from_numpy(pick["segment_ids"].astype(np.int64)),
+            "attention_mask": torch.from_numpy(pick["input_mask"].astype(np.int64)),
+            "labels": torch.from_numpy(labels),
+            "next_sentence_label": torch.from_numpy(pick["next_sentence_labels"].astype(np.int64)),
+        }
+
+
+def static_labels(pick):
+    """MLM labels from NVIDIA-style masked positions: -100 everywhere else."""
+    labels = np.full(pick["input_ids"].shape, -100, dtype=np.int64)
+    positions, ids = pick["masked_lm_positions"], pick["masked_lm_ids"]
+    rows, slots = np.nonzero(positions > 0)  # position 0 ([CLS]) marks padding
+    labels[rows, positions[rows, slots]] = ids[rows, slots]
+    return labels
+
+
+def dynamic_mask(pick, special, probability, rng):
+    """Hugging Face's dynamic masking, in place on pick["input_ids"]; returns the labels.
+
+    Each real, non-special token is chosen with ``probability``; of those 80%
+    become [MASK], 10% a random token, 10% stay as they are.
+    """
+    ids = pick["input_ids"]
+    candidates = (pick["input_mask"] == 1) & (ids != special["cls"]) & (ids != special["sep"])
+    chosen = candidates & (rng.random(ids.shape) < probability)
+    labels = np.where(chosen, ids, -100).astype(np.int64)
+    draw = rng.random(ids.shape)
+    random_tokens = rng.integers(special["first_regular"], special["vocab_size"], ids.shape)
+    ids[chosen & (draw < 0.8)] = special["mask"]
+    replace = chosen & (draw >= 0.8) & (draw < 0.9)
+    ids[replace] = random_tokens[replace]
+    return labels

@@ -1,0 +1,113 @@
+"""BERT model configurations and the pretraining losses. No Horovod here.
+
+Presets follow Google's BERT sizes (Turc et al. 2019 for the small ones):
+the model is always built from a BertConfig, never downloaded.
+"""
+import json
+from pathlib import Path
+
+import torch.nn.functional as F
+
+from .bert_corpus import save_tokenizer
+from .cli import UsageError
+
+PRESETS = {
+    "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),
+    "mini": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024),
+    "small": dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8, intermediate_size=2048),
+    "base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
+    "large": dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, intermediate_size=4096),
+}
+
+
+def preset_config(name, vocab_size):
+    from transformers import BertConfig
+    if name not in PRESETS:
+        raise UsageError(f"unknown model preset {name!r} (choose from {', '.join(PRESETS)})")
+    return BertConfig(vocab_size=vocab_size, max_position_embeddings=512, type_vocab_size=2,
+                      **PRESETS[name])
+
+
+def json_config(path, vocab_size):
+    """A BertConfig from a JSON file; its vocab_size, if present, must match the data's."""
+    from transformers import BertConfig
+    path = Path(path)
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise UsageError(f"cannot read --config {path}: {error}") from None
+    if not isinstance(values, dict):
+        raise UsageError(f"--config {path} is not a JSON object")
+    if values.get("vocab_size", vocab_size) != vocab_size:
+        raise UsageError(f"--config {path} has vocab_size {values['vocab_size']}, "
+                         f"but the shards' vocabulary has {vocab_size} tokens")
+    values["vocab_size"] = vocab_size
+    try:
+        return BertConfig(**values)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"invalid --config {path}: {error}") from None
+
+
+def check_sequence_length(config, max_seq_length):
+    if config.max_position_embeddings < max_seq_length:
+        raise UsageError(f"the model has max_position_embeddings {config.max_position_embeddings}, "
+                         f"shorter than the shards' max_seq_length {max_seq_length}")
+
+
+ARCHITECTURE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size")
+
+
+def same_architecture(saved, config):
+    """Whether a saved config dict describes the same network as ``config``."""
+    return all(saved.get(key) == getattr(config, key) for key in ARCHITECTURE_KEYS)
+
+
+def build_model(config):
+    from transformers import BertForPreTraining
+    return BertForPreTraining(config)
+
+
+def pretraining_sums(model, batch, encoder=None):
+    """Summed MLM and NSP losses with their counts and correct predictions.
+
+    Like NVIDIA's implementation, only the masked positions go through the
+    vocabulary-sized decoder: ~15% of the tokens instead of all of them.
+    ``encoder`` is ``model.bert`` or a compiled version of it.
+    """
+    encoder = encoder or model.bert
+    sequence, pooled = encoder(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                               attention_mask=batch["attention_mask"], return_dict=False)[:2]
+    labels = batch["labels"]
+    masked = labels != -100
+    mlm_logits = model.cls.predictions(sequence[masked]).float()
+    mlm_targets = labels[masked]
+    nsp_logits = model.cls.seq_relationship(pooled).float()
+    nsp_targets = batch["next_sentence_label"]
+    return {
+        "mlm_loss": F.cross_entropy(mlm_logits, mlm_targets, reduction="sum"),
+        "mlm_correct": (mlm_logits.argmax(-1) == mlm_targets).sum(),
+        "mlm_count": int(mlm_targets.numel()),
+        "nsp_loss": F.cross_entropy(nsp_logits, nsp_targets, reduction="sum"),
+        "nsp_correct": (nsp_logits.argmax(-1) == nsp_targets).sum(),
+        "nsp_count": int(nsp_targets.numel()),
+    }
+
+
+def training_loss(sums):
+    """BERT's objective: mean MLM loss over masked tokens + mean NSP loss."""
+    return sums["mlm_loss"] / max(1, sums["mlm_count"]) + sums["nsp_loss"] / max(1, sums["nsp_count"])
+
+
+def export(model, tokenizer, directory):
+    """A Hugging Face model directory (like bert-base-uncased: pretraining heads included).
+
+    ``BertForMaskedLM.from_pretrained`` and the fill-mask pipeline load it as is;
+    fine-tuning classes keep the NSP-trained pooler.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = ["BertForPreTraining"]
+    model.save_pretrained(str(directory))
+    save_tokenizer(tokenizer, directory)
+    return directory

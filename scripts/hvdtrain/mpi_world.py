@@ -1,0 +1,67 @@
+"""MPI for data preparation: mpi4py under mpirun/srun, a single process otherwise.
+
+Data preparation needs no Horovod (no gradients to reduce), only rank, size,
+a barrier and a few small messages; mpi4py gives those under any MPI launcher.
+mpi4py is imported only when a launcher started several ranks, so a plain
+``python scripts/prepare_...py`` never initialises MPI.
+"""
+import os
+
+from .cli import UsageError
+
+# Set by Open MPI's mpirun, MPICH/Intel MPI (PMI) and srun with PMI/PMIx.
+_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+def launched_size():
+    """How many ranks the launcher says it started (1 without a launcher)."""
+    for name in _SIZE_VARS:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 1
+
+
+class World:
+    """rank/size and the few collectives data preparation needs."""
+
+    def __init__(self):
+        self.comm = None
+        self.rank, self.size = 0, 1
+        if launched_size() > 1:
+            try:
+                from mpi4py import MPI
+            except ImportError:
+                raise UsageError(f"launched as {launched_size()} ranks but mpi4py is not installed "
+                                 "(run `make setup`, or launch a single process)", on_every_rank=True) from None
+            self.comm = MPI.COMM_WORLD
+            self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+    def print0(self, *args):
+        if self.is_main:
+            print(*args, flush=True)
+
+    def barrier(self):
+        if self.comm is not None:
+            self.comm.Barrier()
+
+    def broadcast(self, obj):
+        return obj if self.comm is None else self.comm.bcast(obj, root=0)
+
+    def allgather(self, obj):
+        return [obj] if self.comm is None else self.comm.allgather(obj)
+
+    def agree_on_errors(self, check, *args, **kwargs):
+        """Run ``check`` on every rank; a UsageError on any rank is raised on all of them."""
+        message, result = None, None
+        try:
+            result = check(*args, **kwargs)
+        except UsageError as error:
+            message = str(error)
+        first = next((m for m in self.allgather(message) if m is not None), None)
+        if first is not None:
+            raise UsageError(first, on_every_rank=True)
+        return result

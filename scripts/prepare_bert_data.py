@@ -1,0 +1,235 @@
+#!/usr/bin/env python
+"""Prepare BERT pretraining shards: vocabulary, NSP sentence pairs, masking.
+
+    python scripts/prepare_bert_data.py --output-dir data/bert            # embedded corpus
+    python scripts/prepare_bert_data.py --input corpus/ --vocab-size 30522 --output-dir data/bert
+    mpirun -np 8 python scripts/prepare_bert_data.py --input corpus/ --output-dir data/bert
+
+Input: text files (or directories of *.txt) with one sentence or paragraph per
+line and a blank line between documents. Without --input: the English
+documentation that ships with CPython (pydoc_data.topics, ~465k characters).
+
+Under mpirun/srun the work is split across ranks (input files when there are
+at least as many files as ranks, else documents) and each rank writes its own
+shards. Randomness is keyed per document, so the examples (as a set) do not
+depend on the number of ranks. The output format is described in
+hvdtrain/bert_data.py (SHARD_FORMAT_DOC) and versioned in metadata.json.
+"""
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+
+from hvdtrain import bert_corpus as corpus
+from hvdtrain import bert_data
+from hvdtrain.cli import (ArgumentParser, UsageError, fraction, non_negative_int,
+                          positive_int, run_main)
+from hvdtrain.mpi_world import World
+
+DEFAULT_VOCAB_SIZE = 30522            # BERT's
+DEFAULT_CORPUS_VOCAB_SIZE = 4000      # what 465k characters can fill
+PREDICTIONS_PRESETS = {128: 20, 512: 80}  # NVIDIA's phase 1 / phase 2 settings
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0],
+                            epilog=bert_data.SHARD_FORMAT_DOC)
+    parser.add_argument("--input", nargs="+", metavar="PATH",
+                        help="text files or directories of *.txt (default: the embedded "
+                             f"{corpus.DEFAULT_CORPUS} corpus)")
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--vocab", type=Path, metavar="PATH",
+                        help="reuse a vocab.txt or tokenizer directory instead of training one")
+    parser.add_argument("--vocab-size", type=positive_int,
+                        help=f"WordPiece vocabulary to train (default {DEFAULT_VOCAB_SIZE}; "
+                             f"{DEFAULT_CORPUS_VOCAB_SIZE} for the embedded corpus)")
+    parser.add_argument("--lowercase", action="store_true", default=True,
+                        help="lowercase text (uncased BERT)")
+    parser.add_argument("--cased", dest="lowercase", action="store_false",
+                        help="keep case (cased BERT)")
+    parser.add_argument("--max-seq-length", type=positive_int, default=128,
+                        help="tokens per instance: 128 for phase 1, 512 for phase 2")
+    parser.add_argument("--masking", choices=("dynamic", "static"), default="dynamic",
+                        help="dynamic: masked anew at training time (Hugging Face, RoBERTa); "
+                             "static: masked here once per duplicate (Google, NVIDIA)")
+    parser.add_argument("--max-predictions-per-seq", type=positive_int,
+                        help="static masking: most masked tokens per instance "
+                             "(default 20 for 128 tokens, 80 for 512, else 15%%)")
+    parser.add_argument("--masked-lm-prob", type=fraction, default=0.15)
+    parser.add_argument("--short-seq-prob", type=fraction, default=0.1,
+                        help="fraction of instances made shorter than --max-seq-length")
+    parser.add_argument("--dupe-factor", type=positive_int, default=5,
+                        help="passes over the corpus, each with different pairs (and masks)")
+    parser.add_argument("--num-shards", type=positive_int, default=8,
+                        help="output files; at least as many as ranks that will train on them")
+    parser.add_argument("--seed", type=non_negative_int, default=12345)
+    args = parser.parse_args(argv)
+    if args.max_seq_length < 8:
+        parser.error(f"--max-seq-length must be at least 8, got {args.max_seq_length}")
+    if args.max_predictions_per_seq is None:
+        args.max_predictions_per_seq = PREDICTIONS_PRESETS.get(
+            args.max_seq_length, math.ceil(args.max_seq_length * args.masked_lm_prob))
+    if args.vocab_size is None:
+        args.vocab_size = DEFAULT_VOCAB_SIZE if args.input else DEFAULT_CORPUS_VOCAB_SIZE
+    return args
+
+
+def check_inputs(args, world):
+    """Checks every rank makes before any work; returns the input files (None: embedded corpus)."""
+    if args.num_shards < world.size:
+        raise UsageError(f"--num-shards {args.num_shards} is less than the {world.size} ranks")
+    if args.vocab is not None and not args.vocab.exists():
+        raise UsageError(f"--vocab not found: {args.vocab}")
+    if not args.input:
+        return None
+    try:
+        files = corpus.input_files(args.input)
+    except FileNotFoundError as error:
+        raise UsageError(str(error)) from None
+    output = args.output_dir.resolve()
+    files = [f for f in files if output not in f.resolve().parents]  # not our own vocab.txt
+    if not files:
+        raise UsageError(f"no text files (*.txt) in {' '.join(args.input)}")
+    return files
+
+
+def load_documents(files, file_index):
+    """The documents of one input (``files`` None: the embedded corpus)."""
+    if files is None:
+        return corpus.default_corpus_documents()
+    return corpus.read_documents(files[file_index])
+
+
+def build_vocabulary(args, files):
+    """Rank 0: reuse or train the vocabulary. Returns (vocab dict, lowercase)."""
+    if args.vocab is not None:
+        try:
+            tokenizer = corpus.load_tokenizer(args.vocab, args.lowercase)
+        except Exception as error:
+            raise UsageError(f"cannot load vocabulary {args.vocab}: {error}") from None
+        return tokenizer.get_vocab(), bool(getattr(tokenizer, "do_lower_case", args.lowercase))
+    count = 1 if files is None else len(files)
+    texts = (sentence for index in range(count) for document in load_documents(files, index)
+             for sentence in document)
+    return corpus.train_wordpiece(texts, args.vocab_size, args.lowercase), args.lowercase
+
+
+def my_work(files, world):
+    """This rank's share: {file index: document indices, or None for all of them}.
+
+    Whole files when there are enough of them; else every rank reads every file
+    and takes every size-th document (counted across files).
+    """
+    count = 1 if files is None else len(files)
+    if count >= world.size:
+        return {index: None for index in range(world.rank, count, world.size)}
+    work, first = {}, 0
+    for index in range(count):
+        documents = len(load_documents(files, index))
+        work[index] = [d for d in range(documents) if (first + d) % world.size == world.rank]
+        first += documents
+    return work
+
+
+def make_instances(args, files, work, tokenizer):
+    ids = corpus.SpecialIds.of(tokenizer)
+    instances = []
+    for file_index, chosen in work.items():
+        documents = corpus.tokenize_documents(tokenizer, load_documents(files, file_index))
+        for document_index in (range(len(documents)) if chosen is None else chosen):
+            if not documents[document_index]:
+                continue
+            for round_index in range(args.dupe_factor):
+                rng = corpus.document_rng(args.seed, file_index, document_index, round_index)
+                made = corpus.instances_from_document(documents, document_index, args.max_seq_length,
+                                                      args.short_seq_prob, rng, ids)
+                if args.masking == "static":
+                    for instance in made:
+                        corpus.mask_instance(instance, args.masked_lm_prob,
+                                             args.max_predictions_per_seq, rng, ids)
+                instances.extend(made)
+    return instances
+
+
+def write_my_shards(args, world, instances):
+    """Shuffle this rank's instances and write them into shards rank, rank+size, ...
+
+    Returns [{"file", "instances"}] for the metadata.
+    """
+    random.Random(f"{args.seed}:shuffle:{world.rank}").shuffle(instances)
+    mine = list(range(world.rank, args.num_shards, world.size))
+    written = []
+    for position, shard_index in enumerate(mine):
+        part = instances[position::len(mine)]
+        arrays = corpus.instances_to_arrays(part, args.max_seq_length, args.max_predictions_per_seq)
+        name = bert_data.shard_name(shard_index)
+        bert_data.write_shard(args.output_dir / name, arrays)
+        written.append({"file": name, "instances": len(part)})
+    return written
+
+
+def clear_output(directory):
+    """Remove what an earlier run wrote here (only our own file names)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in directory.glob("shard-*.h5"):
+        path.unlink()
+    (directory / bert_data.METADATA).unlink(missing_ok=True)
+    shutil.rmtree(directory / bert_data.TOKENIZER_DIR, ignore_errors=True)
+
+
+def metadata(args, files, tokenizer, shards, world):
+    ids = corpus.SpecialIds.of(tokenizer)
+    return {
+        "format": bert_data.FORMAT_NAME,
+        "format_version": bert_data.FORMAT_VERSION,
+        "vocab_sha256": corpus.vocab_hash(tokenizer),
+        "vocab_size": len(tokenizer),
+        "lowercase": bool(tokenizer.do_lower_case),
+        "special_ids": ids.__dict__,
+        "max_seq_length": args.max_seq_length,
+        "max_predictions_per_seq": args.max_predictions_per_seq,
+        "masking": args.masking,
+        "masked_lm_prob": args.masked_lm_prob,
+        "short_seq_prob": args.short_seq_prob,
+        "dupe_factor": args.dupe_factor,
+        "seed": args.seed,
+        "num_instances": sum(shard["instances"] for shard in shards),
+        "shards": sorted(shards, key=lambda shard: shard["file"]),
+        "source": corpus.DEFAULT_CORPUS if files is None else [str(f) for f in files],
+        "world_size": world.size,
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    world = World()
+    start = time.time()
+    files = world.agree_on_errors(check_inputs, args, world)
+
+    def rank0_vocabulary():
+        if not world.is_main:
+            return None
+        clear_output(args.output_dir)
+        return build_vocabulary(args, files)
+
+    # The vocabulary is made once, on rank 0, and sent to every rank.
+    vocab, lowercase = world.broadcast(world.agree_on_errors(rank0_vocabulary))
+    tokenizer = corpus.hf_tokenizer(vocab, lowercase)
+    if world.is_main:
+        corpus.save_tokenizer(tokenizer, args.output_dir / bert_data.TOKENIZER_DIR)
+        world.print0(f"vocabulary: {len(tokenizer)} tokens ({'uncased' if lowercase else 'cased'})")
+
+    instances = make_instances(args, files, my_work(files, world), tokenizer)
+    shards = [s for part in world.allgather(write_my_shards(args, world, instances)) for s in part]
+    if world.is_main:
+        info = metadata(args, files, tokenizer, shards, world)
+        bert_data.write_metadata(args.output_dir, info)
+        print(f"wrote {info['num_instances']} instances (seq {args.max_seq_length}, {args.masking} masking) "
+              f"in {len(shards)} shards to {args.output_dir} on {world.size} rank(s) "
+              f"in {time.time() - start:.1f} s", flush=True)
+    world.barrier()
+
+
+if __name__ == "__main__":
+    run_main(main)

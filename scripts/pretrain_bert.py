@@ -1,0 +1,358 @@
+#!/usr/bin/env python
+"""BERT pretraining (masked LM + next-sentence prediction), data-parallel with Horovod.
+
+    python scripts/prepare_bert_data.py --output-dir data/bert128
+    horovodrun -np 2 python scripts/pretrain_bert.py --data data/bert128 --model tiny --output-dir runs/bert
+
+Phase 2 (NVIDIA's recipe: longer sequences, new step counter, phase 1 weights):
+
+    python scripts/prepare_bert_data.py --max-seq-length 512 --vocab data/bert128/tokenizer --output-dir data/bert512
+    horovodrun -np 2 python scripts/pretrain_bert.py --data data/bert512 --init-checkpoint runs/bert \\
+        --max-seq-length 512 --output-dir runs/bert-phase2
+
+Steps count optimizer updates; one update is --accumulation-steps micro-batches
+of --batch-size sequences on every rank (global batch = batch x accumulation x
+ranks). --steps is the whole schedule (warmup + polynomial decay);
+--stop-after N ends this run after step N (checkpoint, exit 0) without
+changing the schedule, exactly like SIGTERM/SIGUSR1 do. Relaunching with the
+same --output-dir resumes at the same step and sample.
+"""
+import argparse
+import math
+import shutil
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import horovod.torch as hvd
+
+from hvdtrain import bert_data, bert_models, checkpoint, cli, dist, optim
+from hvdtrain.cli import UsageError
+from hvdtrain.metrics import SumMeter, Throughput, total_throughput
+from hvdtrain.runlog import RunLog
+from hvdtrain.signals import StopRequest
+
+
+def parse_args(argv=None):
+    parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", required=True, type=Path, help="shard directory from prepare_bert_data.py")
+    data.add_argument("--max-seq-length", type=cli.positive_int,
+                      help="expected sequence length; an error when the shards differ (default: the shards')")
+    data.add_argument("--mlm-probability", type=cli.fraction, default=0.15,
+                      help="dynamic masking: fraction of tokens to predict")
+    model = parser.add_argument_group("model (never downloaded)")
+    choice = model.add_mutually_exclusive_group()
+    choice.add_argument("--model", help=f"preset: {', '.join(bert_models.PRESETS)} (default: base, "
+                                        "or the --init-checkpoint's configuration)")
+    choice.add_argument("--config", type=Path, help="BertConfig JSON file instead of a preset")
+    model.add_argument("--init-checkpoint", type=Path,
+                       help="phase 2: start from these weights (a checkpoint or its directory), new step counter")
+    train = parser.add_argument_group("optimisation")
+    train.add_argument("--steps", type=cli.positive_int, default=300, help="optimizer steps in the schedule")
+    train.add_argument("--stop-after", type=cli.positive_int, metavar="STEP",
+                       help="checkpoint and exit 0 after this step; relaunch to continue")
+    train.add_argument("--batch-size", type=cli.positive_int, default=32, help="sequences per rank per micro-batch")
+    train.add_argument("--accumulation-steps", type=cli.positive_int, default=1,
+                       help="micro-batches per update (one allreduce per update)")
+    train.add_argument("--optimizer", choices=("lamb", "adamw"), default="lamb")
+    train.add_argument("--lr", type=cli.positive_float, default=2e-3)
+    train.add_argument("--warmup-proportion", type=cli.fraction, default=0.1)
+    train.add_argument("--poly-power", type=float, default=1.0, help="decay: lr * (1 - progress) ** power")
+    train.add_argument("--weight-decay", type=float, default=0.01, help="not applied to biases and LayerNorm")
+    train.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the global norm; 0 turns it off")
+    train.add_argument("--seed", type=cli.non_negative_int, default=42)
+    device = parser.add_argument_group("device and Horovod")
+    device.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                        help="autocast dtype; auto: bf16 on CUDA when supported, else fp32")
+    device.add_argument("--compile", action="store_true", help="torch.compile the encoder")
+    device.add_argument("--fp16-allreduce", action="store_true", help="Horovod: compress gradients to fp16")
+    device.add_argument("--cpu", action="store_true", help="ignore GPUs")
+    device.add_argument("--threads", type=cli.positive_int, help="CPU threads per rank")
+    out = parser.add_argument_group("output")
+    out.add_argument("--output-dir", type=Path, default=Path("runs/bert"))
+    out.add_argument("--export-dir", type=Path, help="Hugging Face model directory (default: OUTPUT_DIR/model)")
+    out.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                     help="continue from the newest checkpoint in --output-dir")
+    out.add_argument("--checkpoint-every", type=cli.non_negative_int, default=100, help="steps; 0: only at the end")
+    out.add_argument("--keep-checkpoints", type=cli.positive_int, default=3)
+    out.add_argument("--log-every", type=cli.positive_int, default=10)
+    args = parser.parse_args(argv)
+    args.export_dir = args.export_dir or args.output_dir / "model"
+    return args
+
+
+def load_setup(args, ctx):
+    """Every check made before training, run on every rank (see dist.agree_on_errors).
+
+    Returns (metadata, BertConfig, init-checkpoint state or None).
+    """
+    metadata = bert_data.read_metadata(args.data)
+    length = metadata["max_seq_length"]
+    if args.max_seq_length is not None and args.max_seq_length != length:
+        raise UsageError(f"the shards in {args.data} have max_seq_length {length}, "
+                         f"not --max-seq-length {args.max_seq_length}")
+    check_tokenizer(args.data, metadata)
+    for entry in metadata["shards"][ctx.rank::ctx.size]:  # each rank opens a share of the files
+        bert_data.check_shard(args.data, entry, metadata)
+    data = bert_data.PretrainingData(args.data, metadata, ctx.rank, ctx.size, args.seed,
+                                     args.batch_size, args.accumulation_steps)
+    if data.steps_in_epoch(0) == 0:
+        raise UsageError(f"{metadata['num_instances']} instances in {args.data} are not enough for one step "
+                         f"of {args.batch_size} x {args.accumulation_steps} sequences on each of {ctx.size} ranks")
+    init = None
+    if args.init_checkpoint is not None:
+        init = checkpoint.load_init_checkpoint(args.init_checkpoint)
+        if not isinstance(init, dict) or not {"model", "bert_config", "step"} <= set(init):
+            raise UsageError(f"--init-checkpoint {args.init_checkpoint} is not a pretrain_bert.py checkpoint")
+        check_vocabulary(init, metadata, f"--init-checkpoint {args.init_checkpoint}")
+    config = model_config(args, metadata, init)
+    bert_models.check_sequence_length(config, length)
+    return metadata, config, init
+
+
+def check_tokenizer(directory, metadata):
+    from hvdtrain.bert_corpus import vocab_hash
+    from transformers import BertTokenizerFast
+    path = Path(directory) / bert_data.TOKENIZER_DIR
+    try:
+        tokenizer = BertTokenizerFast.from_pretrained(str(path))
+    except Exception as error:
+        raise UsageError(f"cannot load the tokenizer in {path}: {error.__class__.__name__}") from None
+    if vocab_hash(tokenizer) != metadata["vocab_sha256"]:
+        raise UsageError(f"the tokenizer in {path} is not the vocabulary the shards were made with "
+                         f"(vocab sha256 {vocab_hash(tokenizer)[:12]} vs {metadata['vocab_sha256'][:12]})")
+    return tokenizer
+
+
+def check_vocabulary(state, metadata, what):
+    if state.get("vocab_sha256") != metadata["vocab_sha256"]:
+        raise UsageError(f"{what} was trained with a different vocabulary than the shards "
+                         f"(vocab sha256 {str(state.get('vocab_sha256'))[:12]} vs {metadata['vocab_sha256'][:12]})")
+
+
+def model_config(args, metadata, init):
+    from transformers import BertConfig
+    vocab_size = metadata["vocab_size"]
+    if args.config is not None:
+        return bert_models.json_config(args.config, vocab_size)
+    if args.model is None and init is not None:
+        return BertConfig(**init["bert_config"])
+    return bert_models.preset_config(args.model or "base", vocab_size)
+
+
+def autocast_settings(args, ctx):
+    """(autocast dtype or None, GradScaler on?)."""
+    precision = args.precision
+    if precision == "auto":
+        cuda_bf16 = ctx.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        precision = "bf16" if cuda_bf16 else "fp32"
+    if precision == "fp16" and ctx.device.type != "cuda":
+        raise UsageError("--precision fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return dtype, precision == "fp16"
+
+
+def build_optimizer(args, model):
+    groups = optim.decay_groups(model, args.weight_decay)
+    if args.optimizer == "lamb":
+        optimizer = optim.LAMB(groups, lr=args.lr)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=args.lr)
+    # Horovod: average gradients once per update, after all accumulated micro-batches.
+    optimizer = hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), backward_passes_per_step=args.accumulation_steps,
+        compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none)
+    warmup = round(args.warmup_proportion * args.steps)
+    scheduler = optim.warmup_then_decay(optimizer, warmup, args.steps, decay="poly", power=args.poly_power)
+    return optimizer, scheduler
+
+
+def restore(args, ctx, metadata, model, optimizer, scheduler, scaler, init):
+    """The run's position {step, epoch, step_in_epoch, initial_mlm_loss, last_row} after a resume or start."""
+    output = args.output_dir
+    if not args.resume and ctx.is_main:
+        for stale in [*checkpoint.checkpoint_paths(output), output / "metrics.jsonl", output / "results.json"]:
+            stale.unlink(missing_ok=True)
+        shutil.rmtree(output / "tensorboard", ignore_errors=True)
+    state = checkpoint.restore_on_all_ranks(ctx, output, enabled=args.resume)
+    position = {"step": 0, "epoch": 0, "step_in_epoch": 0, "initial_mlm_loss": None, "last_row": {}}
+    if state is not None:
+        dist.agree_on_errors(check_resumable, args, state, metadata, model)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if state["scaler"]:
+            scaler.load_state_dict(state["scaler"])
+        if len(state["rng"]) == ctx.size:
+            dist.set_rng_state(state["rng"][ctx.rank])
+        else:
+            ctx.print0(f"note: checkpoint written by {len(state['rng'])} ranks, now {ctx.size}: "
+                       "data order and dropout will differ from an uninterrupted run")
+        position = {key: state[key] for key in position}
+        ctx.print0(f"resumed from {output} at step {state['step']}")
+    elif init is not None:
+        # Phase 2: the weights only; optimizer, schedule and step counter start afresh.
+        dist.agree_on_errors(load_init_weights, args, model, init)
+        ctx.print0(f"initialised from {args.init_checkpoint} (its step {init['step']})")
+    # Horovod: every rank starts from rank 0's weights and optimizer state (sent as a
+    # state dict: hvd.broadcast_optimizer_state would step with zero gradients first).
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optim.broadcast_optimizer_state(optimizer, root_rank=0)
+    return position
+
+
+def check_resumable(args, state, metadata, model):
+    check_vocabulary(state, metadata, f"the checkpoint in {args.output_dir}")
+    expected = {"max_seq_length": metadata["max_seq_length"], "total_steps": args.steps,
+                "batch_size": args.batch_size, "accumulation_steps": args.accumulation_steps}
+    differ = [f"{key} {state[key]} (now {value})" for key, value in expected.items() if state[key] != value]
+    if not bert_models.same_architecture(state["bert_config"], model.config):
+        differ.append("the model configuration (--model/--config)")
+    if differ:
+        raise UsageError(f"cannot resume from {args.output_dir}: it was written with {', '.join(differ)}; "
+                         "use the same settings, another --output-dir, or --no-resume")
+
+
+def load_init_weights(args, model, init):
+    try:
+        model.load_state_dict(init["model"])
+    except RuntimeError as error:
+        first = str(error).strip().splitlines()[1:2] or [""]
+        raise UsageError(f"--init-checkpoint {args.init_checkpoint} does not fit this model: "
+                         f"{first[0].strip()}") from None
+
+
+def save_checkpoint(args, ctx, metadata, model, optimizer, scheduler, scaler, position):
+    """Collective (every rank's RNG state is gathered); rank 0 writes."""
+    rng = dist.gather_rng_states()
+    if ctx.is_main:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng,
+                 **position, "bert_config": model.config.to_dict(),
+                 "vocab_sha256": metadata["vocab_sha256"], "max_seq_length": metadata["max_seq_length"],
+                 "total_steps": args.steps, "batch_size": args.batch_size,
+                 "accumulation_steps": args.accumulation_steps, "world_size": ctx.size}
+        checkpoint.save(state, args.output_dir, position["step"], args.keep_checkpoints)
+
+
+def train_step(args, ctx, data, step_in_epoch, model, encoder, optimizer, scaler, amp_dtype, meter):
+    """One optimizer update over the accumulated micro-batches; returns (sequences, tokens)."""
+    sequences = tokens = 0
+    for micro in range(args.accumulation_steps):
+        batch = {k: v.to(ctx.device, non_blocking=True) for k, v in data.batch(step_in_epoch, micro).items()}
+        autocast = (torch.autocast(ctx.device.type, dtype=amp_dtype) if amp_dtype else nullcontext())
+        with autocast:
+            sums = bert_models.pretraining_sums(model, batch, encoder)
+        loss = bert_models.training_loss(sums) / args.accumulation_steps
+        scaler.scale(loss).backward()  # Horovod: the allreduce starts after the last micro-batch
+        meter.add("mlm_loss", sums["mlm_loss"], sums["mlm_count"])
+        meter.add("mlm_accuracy", sums["mlm_correct"], sums["mlm_count"])
+        meter.add("nsp_loss", sums["nsp_loss"], sums["nsp_count"])
+        meter.add("nsp_accuracy", sums["nsp_correct"], sums["nsp_count"])
+        sequences += sums["nsp_count"]
+        tokens += int(batch["attention_mask"].sum())
+    optimizer.synchronize()  # Horovod: wait for the averaged gradients
+    if args.max_grad_norm > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+    with optimizer.skip_synchronize():  # Horovod: already synchronized above
+        scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+    return sequences, tokens
+
+
+def log_row(ctx, log, meter, step, epoch, lr, start_time):
+    values = meter.reduce("bert")  # Horovod: exact averages over every rank's tokens
+    meter.reset()
+    row = {"step": step, "epoch": epoch, "lr": lr, **values,
+           "mlm_perplexity": math.exp(min(values["mlm_loss"], 50.0)),
+           "elapsed_s": round(time.time() - start_time, 2)}
+    log.record(row, step)
+    log.info(f"step {step:>6} | mlm loss {values['mlm_loss']:.4f} acc {values['mlm_accuracy']:.3f} | "
+             f"nsp loss {values['nsp_loss']:.4f} acc {values['nsp_accuracy']:.3f} | lr {lr:.3g}")
+    return row
+
+
+def finish(args, ctx, log, position, sequences, tokens, completed, model, tokenizer):
+    """Throughput over every rank, results.json and (when training is complete) the export."""
+    seq_total, seq_per_worker = total_throughput(sequences.per_second())
+    tok_total, tok_per_worker = total_throughput(tokens.per_second())
+    last = position["last_row"]
+    results = {"steps": position["step"], "total_steps": args.steps, "completed": completed,
+               "world_size": ctx.size, "initial_mlm_loss": position["initial_mlm_loss"],
+               "final_mlm_loss": last.get("mlm_loss"), "mlm_accuracy": last.get("mlm_accuracy"),
+               "mlm_perplexity": last.get("mlm_perplexity"), "nsp_loss": last.get("nsp_loss"),
+               "nsp_accuracy": last.get("nsp_accuracy"), "sequences_per_sec": seq_total,
+               "sequences_per_sec_per_worker": seq_per_worker, "tokens_per_sec": tok_total,
+               "tokens_per_sec_per_worker": tok_per_worker, "global_batch":
+               args.batch_size * args.accumulation_steps * ctx.size}
+    if completed and ctx.is_main:
+        results["export_dir"] = str(bert_models.export(model, tokenizer, args.export_dir))
+        log.info(f"exported a Hugging Face model to {args.export_dir}")
+    log.results(results)
+    log.info(f"{'finished' if completed else 'stopped'} at step {position['step']}: "
+             f"{seq_total:.1f} sequences/s, {tok_total:.0f} tokens/s on {ctx.size} rank(s)")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    dist.exit_quietly_on_interrupt()
+    stop_request = StopRequest()
+    ctx = dist.init(use_cuda=not args.cpu, threads=args.threads)  # Horovod: hvd.init(), device, threads
+    metadata, config, init = dist.agree_on_errors(load_setup, args, ctx)
+    amp_dtype, use_scaler = dist.agree_on_errors(autocast_settings, args, ctx)
+    dist.seed_everything(args.seed)  # the same initial weights on every rank
+    model = bert_models.build_model(config).to(ctx.device)
+    encoder = torch.compile(model.bert) if args.compile else model.bert
+    optimizer, scheduler = build_optimizer(args, model)
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_scaler)
+    dist.seed_everything(args.seed + 1 + ctx.rank)  # own dropout masks per rank (a resume restores them)
+    position = restore(args, ctx, metadata, model, optimizer, scheduler, scaler, init)
+    data = bert_data.PretrainingData(args.data, metadata, ctx.rank, ctx.size, args.seed,
+                                     args.batch_size, args.accumulation_steps, args.mlm_probability)
+    log = RunLog(ctx, args.output_dir, args.steps)
+    log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "
+             f"seq {metadata['max_seq_length']}, {metadata['num_instances']} instances, {ctx.size} rank(s), "
+             f"global batch {args.batch_size * args.accumulation_steps * ctx.size}, {args.optimizer}, "
+             f"{'fp32' if amp_dtype is None else amp_dtype}")
+
+    last_step = min(args.steps, args.stop_after or args.steps)
+    meter, sequences, tokens = SumMeter(), Throughput(), Throughput()
+    start_time, stopped = time.time(), False
+    model.train()
+    while position["step"] < last_step and not stopped:
+        if position["step_in_epoch"] >= data.steps_in_epoch(position["epoch"]):
+            position["epoch"], position["step_in_epoch"] = position["epoch"] + 1, 0
+            continue
+        if data.epoch != position["epoch"]:
+            data.start_epoch(position["epoch"])
+        lr = scheduler.get_last_lr()[0]
+        done = train_step(args, ctx, data, position["step_in_epoch"], model, encoder, optimizer, scaler,
+                          amp_dtype, meter)
+        scheduler.step()
+        sequences.step(done[0])
+        tokens.step(done[1])
+        position["step"] += 1
+        position["step_in_epoch"] += 1
+        step = position["step"]
+        log.progress(step)
+        if step == 1 or step % args.log_every == 0 or step == last_step:
+            position["last_row"] = log_row(ctx, log, meter, step, position["epoch"], lr, start_time)
+            if step == 1:
+                position["initial_mlm_loss"] = position["last_row"]["mlm_loss"]
+        stopped = stop_request.should_stop()  # collective: every rank stops after the same step
+        if stopped or step == last_step or (args.checkpoint_every and step % args.checkpoint_every == 0):
+            save_checkpoint(args, ctx, metadata, model, optimizer, scheduler, scaler, position)
+    if stopped:
+        log.info(f"received {stop_request.received or 'a stop request on another rank'}: "
+                 f"checkpointed at step {position['step']}")
+    tokenizer = check_tokenizer(args.data, metadata) if ctx.is_main else None
+    finish(args, ctx, log, position, sequences, tokens, position["step"] >= args.steps, model, tokenizer)
+    log.close()
+
+
+if __name__ == "__main__":
+    cli.run_main(main)

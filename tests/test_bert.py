@@ -1,0 +1,273 @@
+"""BERT end to end with real launches: data prep (single and mpirun), pretraining on
+2 Horovod ranks, export, resume, phase 2, preemption signals, bad input."""
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from conftest import require
+from launch import SCRIPTS, horovodrun, launch, python
+
+PREPARE = SCRIPTS / "prepare_bert_data.py"
+PRETRAIN = SCRIPTS / "pretrain_bert.py"
+# Small enough for 2 shared cores, large enough to show real learning.
+SMALL_DATA = ["--max-seq-length", "64", "--vocab-size", "2000", "--dupe-factor", "2", "--num-shards", "4"]
+TINY_RUN = ["--model", "tiny", "--batch-size", "16", "--log-every", "10"]
+
+
+def need_mpi4py():
+    try:
+        import mpi4py  # noqa: F401
+        ok = True
+    except ImportError:
+        ok = False
+    require(ok, "mpi4py", "run `make setup`")
+
+
+def ok(run):
+    assert run.returncode == 0 and not run.timed_out, run.describe()
+    return run
+
+
+def results(directory):
+    return json.loads((Path(directory) / "results.json").read_text())
+
+
+def metrics(directory):
+    return [json.loads(line) for line in (Path(directory) / "metrics.jsonl").read_text().splitlines()]
+
+
+def examples(directory):
+    """Every example of a shard directory, as a multiset of hashable rows."""
+    found = []
+    for path in sorted(Path(directory).glob("shard-*.h5")):
+        with h5py.File(path) as handle:
+            columns = [handle[name][...] for name in sorted(handle)]
+        found.extend(tuple(column[row].tobytes() for column in columns) for row in range(len(columns[0])))
+    return sorted(found)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """The embedded corpus, prepared once (dynamic masking)."""
+    directory = tmp_path_factory.mktemp("bert") / "data"
+    ok(python([PREPARE, "--output-dir", directory, *SMALL_DATA], timeout=120))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def small_static_data(tmp_path_factory):
+    """A few documents from a text file, static masking: an epoch is only a few steps."""
+    root = tmp_path_factory.mktemp("bert-small")
+    from hvdtrain.bert_corpus import default_corpus_documents
+    text = "\n\n".join("\n".join(document[:30]) for document in default_corpus_documents()[:8])
+    (root / "corpus.txt").write_text(text + "\n")
+    ok(python([PREPARE, "--input", root / "corpus.txt", "--output-dir", root / "data", "--max-seq-length", "64",
+               "--vocab-size", "600", "--dupe-factor", "1", "--num-shards", "2", "--masking", "static"],
+              timeout=120))
+    return root / "data"
+
+
+@pytest.fixture(scope="module")
+def pretrained(data_dir, tmp_path_factory):
+    """The headline run: 2 Horovod ranks, tiny BERT, a few hundred steps."""
+    output = tmp_path_factory.mktemp("bert-run") / "run"
+    run = ok(horovodrun(2, [PRETRAIN, "--data", data_dir, "--output-dir", output, *TINY_RUN, "--steps", "200",
+                            "--lr", "1e-2", "--checkpoint-every", "100"], timeout=420))
+    return output, run
+
+
+# ----------------------------------------------------------------------------- data preparation
+
+@pytest.mark.parametrize("source", ["embedded corpus", "text files"])
+def test_prepare_under_mpirun_writes_the_single_process_examples(source, tmp_path, need_mpi):
+    need_mpi4py()
+    args = ["--max-seq-length", "64", "--vocab-size", "1000", "--dupe-factor", "1", "--num-shards", "4",
+            "--masking", "static", "--seed", "3"]
+    if source == "text files":  # 3 files >= 2 ranks: whole files per rank
+        from hvdtrain.bert_corpus import default_corpus_documents
+        documents = default_corpus_documents()
+        (tmp_path / "text").mkdir()
+        for part in range(3):
+            text = "\n\n".join("\n".join(d) for d in documents[part::9])
+            (tmp_path / "text" / f"part{part}.txt").write_text(text + "\n")
+        args += ["--input", tmp_path / "text"]
+    ok(python([PREPARE, "--output-dir", tmp_path / "one", *args], timeout=120))
+    ok(launch(["mpirun", "-np", "2", sys.executable, PREPARE, "--output-dir", tmp_path / "two", *args],
+              timeout=180))
+    one = json.loads((tmp_path / "one" / "metadata.json").read_text())
+    two = json.loads((tmp_path / "two" / "metadata.json").read_text())
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert one["vocab_sha256"] == two["vocab_sha256"]
+    assert one["num_instances"] == two["num_instances"] > 100
+    single, parallel = examples(tmp_path / "one"), examples(tmp_path / "two")
+    assert len(single) == one["num_instances"]
+    assert single == parallel
+
+
+# ----------------------------------------------------------------------------- pretraining
+
+def test_pretraining_on_two_ranks_learns_and_exports(pretrained):
+    output, run = pretrained
+    result = results(output)
+    assert result["world_size"] == 2 and result["steps"] == 200 and result["completed"]
+    assert result["final_mlm_loss"] <= 0.7 * result["initial_mlm_loss"], result
+    assert result["mlm_accuracy"] > 0.05 and result["nsp_accuracy"] > 0.5
+    assert result["sequences_per_sec"] > 0 and result["tokens_per_sec"] > 0
+    rows = metrics(output)
+    assert [r["step"] for r in rows][:2] == [1, 10] and rows[-1]["step"] == 200
+    assert sorted(p.name for p in output.glob("step-*.pt")) == ["step-000000100.pt", "step-000000200.pt"]
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import BertForMaskedLM, pipeline
+    model = BertForMaskedLM.from_pretrained(output / "model")
+    assert model.config.hidden_size == 128 and model.config.num_hidden_layers == 2
+    fill = pipeline("fill-mask", model=str(output / "model"), tokenizer=str(output / "model"))
+    predictions = fill("the [MASK] statement is used to raise an exception.")
+    assert len(predictions) == 5 and all(p["token_str"] for p in predictions)
+
+
+def test_resume_is_bit_exact(small_static_data, tmp_path):
+    """Uninterrupted 8 steps == 3 steps, stop, resume to 8 (crossing an epoch boundary)."""
+    common = [PRETRAIN, "--data", small_static_data, "--model", "tiny", "--batch-size", "4",
+              "--accumulation-steps", "2", "--steps", "8", "--log-every", "1", "--checkpoint-every", "0"]
+    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "whole"], timeout=180))
+    first = ok(horovodrun(2, [*common, "--output-dir", tmp_path / "parts", "--stop-after", "3"], timeout=180))
+    assert results(tmp_path / "parts")["completed"] is False
+    second = ok(horovodrun(2, [*common, "--output-dir", tmp_path / "parts"], timeout=180))
+    assert "resumed from" in second.output and "at step 3" in second.output, second.describe()
+
+    whole = torch.load(tmp_path / "whole" / "step-000000008.pt", weights_only=True)
+    parts = torch.load(tmp_path / "parts" / "step-000000008.pt", weights_only=True)
+    assert whole["epoch"] >= 1, "the run should cross an epoch boundary"
+    assert (whole["epoch"], whole["step_in_epoch"]) == (parts["epoch"], parts["step_in_epoch"])
+    for name, tensor in whole["model"].items():
+        assert torch.equal(tensor, parts["model"][name]), name
+    for key, state in whole["optimizer"]["state"].items():
+        for name, value in state.items():
+            assert torch.equal(value, parts["optimizer"]["state"][key][name]), (key, name)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in rows if r["step"] > 3]
+    assert strip(metrics(tmp_path / "whole")) == strip(metrics(tmp_path / "parts"))
+    assert len(strip(metrics(tmp_path / "whole"))) == 5
+
+
+def test_phase2_starts_from_phase1_weights_with_longer_sequences(pretrained, data_dir, tmp_path):
+    phase1, _ = pretrained
+    ok(python([PREPARE, "--output-dir", tmp_path / "data128", "--max-seq-length", "128", "--vocab",
+               data_dir / "tokenizer", "--dupe-factor", "1", "--num-shards", "2"], timeout=120))
+    meta = json.loads((tmp_path / "data128" / "metadata.json").read_text())
+    assert meta["vocab_sha256"] == json.loads((data_dir / "metadata.json").read_text())["vocab_sha256"]
+    run = ok(horovodrun(2, [PRETRAIN, "--data", tmp_path / "data128", "--init-checkpoint", phase1,
+                            "--max-seq-length", "128", "--batch-size", "8", "--steps", "3", "--log-every", "1",
+                            "--output-dir", tmp_path / "phase2"], timeout=180))
+    assert "initialised from" in run.output and "its step 200" in run.output, run.describe()
+    state = torch.load(tmp_path / "phase2" / "step-000000003.pt", weights_only=True)
+    assert state["step"] == 3 and state["max_seq_length"] == 128 and state["bert_config"]["hidden_size"] == 128
+    phase1_start = results(phase1)["initial_mlm_loss"]
+    phase2_start = results(tmp_path / "phase2")["initial_mlm_loss"]
+    assert phase2_start < 0.85 * phase1_start, (phase1_start, phase2_start)  # trained weights, not random ones
+
+
+def rank_pids(marker, rank):
+    """Python processes of ``rank`` whose command line contains ``marker``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (b"python" in Path(argv[0].decode()).name.encode() and marker.encode() in b" ".join(argv)
+                and f"HOROVOD_RANK={rank}".encode() in environ):
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGUSR1])
+def test_signal_to_one_rank_checkpoints_every_rank_and_resumes(signal_number, data_dir, tmp_path):
+    output = tmp_path / "preempted"
+    args = [PRETRAIN, "--data", data_dir, "--output-dir", output, *TINY_RUN, "--steps", "1000",
+            "--log-every", "1", "--checkpoint-every", "0"]
+    sent = []
+
+    def preempt():
+        deadline = time.time() + 150
+        while time.time() < deadline and not sent:
+            if (output / "metrics.jsonl").exists() and len((output / "metrics.jsonl").read_text().splitlines()) >= 3:
+                for pid in rank_pids(str(output), rank=1):
+                    os.kill(pid, signal_number)
+                    sent.append(pid)
+            time.sleep(0.2)
+
+    sender = threading.Thread(target=preempt, daemon=True)
+    sender.start()
+    run = ok(horovodrun(2, args, timeout=240))
+    sender.join()
+    assert sent, "found no rank-1 process to signal"
+    assert "a stop request on another rank" in run.output, run.describe()
+    (saved,) = output.glob("step-*.pt")
+    stopped_at = torch.load(saved, weights_only=True)["step"]
+    assert 3 <= stopped_at < 1000
+    assert results(output)["completed"] is False and results(output)["steps"] == stopped_at
+
+    resumed = ok(horovodrun(2, [*args, "--stop-after", str(stopped_at + 2)], timeout=180))
+    assert f"at step {stopped_at}" in resumed.output, resumed.describe()
+    assert [r["step"] for r in metrics(output)][-2:] == [stopped_at + 1, stopped_at + 2]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def one_line_error(run, *fragments):
+    assert run.returncode == 2 and not run.timed_out, run.describe()
+    assert "Traceback" not in run.output, run.describe()
+    errors = [line for line in run.output.splitlines() if "error:" in line]
+    assert len(errors) == 1, run.describe()
+    for fragment in fragments:
+        assert fragment in errors[0], run.describe()
+
+
+def test_bad_inputs_single_process(data_dir, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 999, "hidden_size": 64,
+                                                      "num_hidden_layers": 1, "num_attention_heads": 2}))
+    base = ["--output-dir", tmp_path / "out", "--steps", "2"]
+    cases = [
+        (["--data", tmp_path / "absent", "--model", "tiny"], ["data directory not found"]),
+        (["--data", tmp_path / "empty", "--model", "tiny"], ["no shards", "metadata.json"]),
+        (["--data", data_dir, "--model", "huge"], ["unknown model preset 'huge'"]),
+        (["--data", data_dir, "--model", "tiny", "--max-seq-length", "128"], ["max_seq_length 64", "128"]),
+        (["--data", data_dir, "--config", tmp_path / "config.json"], ["vocab_size 999", "2000"]),
+    ]
+    for args, fragments in cases:
+        one_line_error(python([PRETRAIN, *args, *base], timeout=120), *fragments)
+    one_line_error(python([PREPARE, "--input", tmp_path / "nothing.txt", "--output-dir", tmp_path / "d"],
+                          timeout=60), "input not found")
+
+
+def test_bad_inputs_stop_every_rank(data_dir, small_static_data, pretrained, tmp_path, need_mpi):
+    """Problems only some ranks see: every rank exits 2 with one line, no hang."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for item in data_dir.iterdir():
+        (broken / item.name).symlink_to(item)
+    shard = broken / "shard-00003.h5"
+    shard.unlink()
+    shard.write_bytes((data_dir / "shard-00003.h5").read_bytes()[:2000])  # checked by rank 1 only
+    mpirun = ["mpirun", "-np", "2", sys.executable, PRETRAIN, "--model", "tiny", "--steps", "2"]
+    run = launch([*mpirun, "--data", broken, "--output-dir", tmp_path / "a"], timeout=120)
+    one_line_error(run, "corrupt shard", str(shard))
+
+    phase1, _ = pretrained  # trained on another vocabulary than small_static_data's
+    run = launch([*mpirun, "--data", small_static_data, "--init-checkpoint", phase1,
+                  "--output-dir", tmp_path / "b"], timeout=120)
+    one_line_error(run, "different vocabulary")
