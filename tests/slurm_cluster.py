@@ -27,6 +27,8 @@ from conftest import require, require_program
 from launch import REPO, launch
 
 POLL_SECONDS = 0.5
+# Four 2-rank test jobs at once (see SlurmdParameters=config_overrides below).
+MIN_CPUS = 8
 # The states after which a job runs no more (see squeue(1), JOB STATE CODES).
 END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
               "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
@@ -43,7 +45,7 @@ SlurmdUser=root
 AuthType=auth/munge
 # Private munged socket; cred_expire is also how long a requeued job waits
 # before it may start again (default 120 s): short, so requeue tests are quick.
-AuthInfo=socket={munge_socket},cred_expire=10
+AuthInfo=socket={munge_socket},cred_expire=5
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
 SlurmctldPidFile={root}/slurmctld.pid
@@ -70,6 +72,10 @@ MinJobAge=3600
 # Seconds between SIGTERM and SIGKILL when a job is cancelled or requeued.
 KillWait=10
 SchedulerParameters=sched_interval=1
+# The node claims {cpus} CPUs whatever `slurmd -C` finds, so that several small
+# test jobs (which mostly wait) run side by side; config_overrides lets slurmd
+# accept a node description that differs from the hardware.
+SlurmdParameters=config_overrides
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory} State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """
@@ -155,10 +161,10 @@ class SlurmCluster:
         for sub in ("state", "spool"):
             (self.root / sub).mkdir()
         cpus, memory = node_resources()
-        self.cpus = cpus
+        self.cpus = max(cpus, MIN_CPUS)
         self.conf.write_text(SLURM_CONF.format(
             root=self.root, host=self.host, ctld_port=free_port(), slurmd_port=free_port(),
-            munge_socket=self.munge_socket, cpus=cpus, memory=memory))
+            munge_socket=self.munge_socket, cpus=self.cpus, memory=memory))
 
     def _start_daemon(self, name, command):
         log = open(self.root / f"{name}.out", "w")

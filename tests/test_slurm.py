@@ -1,0 +1,257 @@
+"""slurm/: the sbatch files on a real one-node Slurm cluster the tests start.
+
+Jobs that do not depend on each other are submitted together and run side by
+side (the test node claims 8 CPUs); every wait is bounded.
+"""
+import json
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch import REPO, SCRIPTS, launch, python
+from slurm_cluster import run, slurm_cluster  # noqa: F401  (the session fixture)
+
+SLURM = REPO / "slurm"
+SBATCH_FILES = [SLURM / "train_cnn.sbatch", SLURM / "pretrain_bert.sbatch"]
+LAUNCHERS = ("srun", "mpirun", "horovodrun")
+JOB_TIMEOUT = 240
+
+
+# ---------------------------------------------------------------- the files themselves
+@pytest.mark.parametrize("path", SBATCH_FILES, ids=lambda p: p.name)
+def test_every_sbatch_line_carries_a_comment(path):
+    lines = [line for line in path.read_text().splitlines() if line.startswith("#SBATCH")]
+    assert lines, f"{path.name} has no #SBATCH lines"
+    for line in lines:
+        assert re.match(r"^#SBATCH\s+--[\w-]+(=\S+)?\s+#\s*\S", line), f"no comment: {line!r}"
+    options = [line.split()[1].split("=")[0] for line in lines]
+    assert options.count("--nodes") == 1
+    for needed in ("--signal", "--requeue", "--ntasks-per-node", "--cpus-per-task", "--time"):
+        assert needed in options, f"{path.name} lacks {needed}"
+
+
+def test_slurm_shell_files_parse():
+    for path in sorted(SLURM.iterdir()):
+        checked = launch(["bash", "-n", path], timeout=10)
+        assert checked.returncode == 0, checked.describe()
+
+
+def test_sbatch_file_outside_slurm_is_one_line_exit_2():
+    ran = launch(["bash", SLURM / "train_cnn.sbatch", "--max-steps", "1"], timeout=30,
+                 env={"SLURM_JOB_ID": "", "SLURM_JOB_NAME": "", "HVD_REPO": str(REPO)})
+    assert ran.returncode == 2, ran.describe()
+    assert ran.output.strip().splitlines() == [
+        "train_cnn.sbatch: error: not inside a Slurm job: submit this file with sbatch"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--phase2-data", "x", "--output-dir", "y"], "--phase1-data is required"),
+    (["--phase1-data", "/nonexistent", "--phase2-data", "/nonexistent", "--output-dir", "y"],
+     "/nonexistent has no metadata.json"),
+    (["--steps", "3"], "unknown argument '--steps'"),
+])
+def test_submit_bert_phases_usage_errors(args, fragment):
+    ran = launch([SLURM / "submit_bert_phases.sh", *args], timeout=30)
+    assert ran.returncode == 2, ran.describe()
+    lines = ran.output.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], ran.describe()
+
+
+# ---------------------------------------------------------------- helpers
+def submit(cluster, sbatch_file, output, args, launcher="srun", extra=()):
+    """sbatch with our own log file; the job's environment is the test's plus LAUNCHER."""
+    return cluster.sbatch(["--output", output, *extra, sbatch_file, *map(str, args)],
+                          env={"LAUNCHER": launcher})
+
+
+def wait_for_text(path, text, timeout, cluster, job):
+    """Poll a job's log until ``text`` appears (the job must still be alive)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        info = cluster.job(job)
+        if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+            pytest.fail(f"job {job} ended before {text!r}: {info}\n{cluster.job_output(info)}")
+        time.sleep(0.5)
+    pytest.fail(f"job {job}: no {text!r} after {timeout} s\n{path.read_text() if path.exists() else ''}")
+
+
+def send_usr1_to_batch_shell(cluster, job):
+    """What --signal=B:USR1@N does before the time limit, on demand."""
+    run(["scancel", "--signal=USR1", "--batch", job], env=cluster.env())
+
+
+def assert_requeued_once(cluster, job, info, log):
+    assert info["JobState"] == "COMPLETED", f"{info}\n{log}"
+    assert info.get("Restarts") == "1", f"job {job} was not requeued exactly once: {info}\n{log}"
+    for expected in ("restart count 0", "USR1: asking the ranks", "requeueing job", "restart count 1"):
+        assert expected in log, f"job {job} log lacks {expected!r}:\n{log}"
+
+
+def slurm_time(value):
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S")
+
+
+# ---------------------------------------------------------------- jobs on the cluster
+def test_unknown_launcher_fails_the_job_with_one_line(slurm_cluster, tmp_path):
+    log = tmp_path / "job.out"
+    job = submit(slurm_cluster, SLURM / "train_cnn.sbatch", log, ["--max-steps", "1"], launcher="ssh")
+    info = slurm_cluster.wait_for_end(job, 60)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0", info
+    assert log.read_text().strip().splitlines() == [
+        "train-cnn: error: LAUNCHER=ssh: choose srun, mpirun or horovodrun"]
+
+
+def probe_sbatch(tmp_path):
+    """train_cnn.sbatch, word for word, but running tests/workers/preemptible.py."""
+    text = (SLURM / "train_cnn.sbatch").read_text()
+    line = 'hvd_run scripts/train_cnn.py "$@"'
+    assert text.count(line) == 1
+    path = tmp_path / "probe.sbatch"
+    path.write_text(text.replace(line, 'hvd_run tests/workers/preemptible.py "$@"'))
+    return path
+
+
+def events(directory, rank):
+    path = Path(directory) / f"events-rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_usr1_reaches_every_rank_then_requeue_and_resume_with_every_launcher(
+        slurm_cluster, need_horovod, need_mpi, tmp_path):
+    """The batch shell's trap forwards USR1 to each rank through srun, mpirun and horovodrun."""
+    sbatch_file, total = probe_sbatch(tmp_path), 25
+    jobs = {}
+    for launcher in LAUNCHERS:
+        out = tmp_path / launcher
+        jobs[launcher] = submit(slurm_cluster, sbatch_file, tmp_path / f"{launcher}.out",
+                                [out, total, 0.3], launcher=launcher)
+    for launcher, job in jobs.items():
+        out = tmp_path / launcher
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not (events(out, 0) and events(out, 1)) and time.monotonic() < deadline:
+            assert slurm_cluster.job(job).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING")
+            time.sleep(0.5)
+        send_usr1_to_batch_shell(slurm_cluster, job)
+
+    for launcher, job in jobs.items():
+        info = slurm_cluster.wait_for_end(job, JOB_TIMEOUT)
+        log = (tmp_path / f"{launcher}.out").read_text()
+        assert_requeued_once(slurm_cluster, job, info, log)
+        assert f"launcher {launcher}" in log
+        for rank in (0, 1):
+            seen = [(e["event"], e["restart"]) for e in events(tmp_path / launcher, rank)]
+            assert seen == [("start", 0), ("stop", 0), ("start", 1), ("done", 1)], (launcher, rank, seen)
+            start, stop, resumed, done = events(tmp_path / launcher, rank)
+            # This rank was signalled itself (not only told by the others), stopped
+            # early, and the requeued run went on from the checkpointed step.
+            assert stop["signal"] == "SIGUSR1", (launcher, rank, stop)
+            assert 0 < stop["step"] < total, (launcher, rank, stop)
+            assert resumed["step"] == stop["step"] and done["step"] == total
+            assert start["size"] == resumed["size"] == 2
+
+
+def final_checkpoint(directory, step):
+    return torch.load(Path(directory) / f"step-{step:09d}.pt", map_location="cpu", weights_only=True)
+
+
+def assert_same_tensors(a, b, where):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same_tensors(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for index, (x, y) in enumerate(zip(a, b)):
+            assert_same_tensors(x, y, f"{where}[{index}]")
+
+
+def test_train_cnn_sbatch_every_launcher_and_requeue_matches_uninterrupted(
+        slurm_cluster, need_horovod, need_mpi, tmp_path):
+    """srun runs straight through; srun, mpirun and horovodrun runs get USR1 mid-run,
+    checkpoint, are requeued, resume, and end with bit-identical weights."""
+    steps = 120
+    common = ["--model", "convnet", "--dataset", "digits", "--epochs", "6", "--max-steps", steps,
+              "--keep-checkpoints", "1"]
+    runs = {"uninterrupted": "srun", "srun": "srun", "mpirun": "mpirun", "horovodrun": "horovodrun"}
+    jobs = {name: submit(slurm_cluster, SLURM / "train_cnn.sbatch", tmp_path / f"{name}.out",
+                         [*common, "--output-dir", tmp_path / name], launcher=launcher)
+            for name, launcher in runs.items()}
+    for name in LAUNCHERS:  # interrupt once rank 0 reports training has begun
+        wait_for_text(tmp_path / f"{name}.out", "convnet on digits", JOB_TIMEOUT, slurm_cluster, jobs[name])
+        send_usr1_to_batch_shell(slurm_cluster, jobs[name])
+
+    finished = {name: slurm_cluster.wait_for_end(job, JOB_TIMEOUT) for name, job in jobs.items()}
+    baseline = final_checkpoint(tmp_path / "uninterrupted", steps)
+    for name, info in finished.items():
+        log = (tmp_path / f"{name}.out").read_text()
+        results = json.loads((tmp_path / name / "results.json").read_text())
+        assert results["steps"] == steps and results["world_size"] == 2, results
+        if name == "uninterrupted":
+            assert info["JobState"] == "COMPLETED" and info.get("Restarts") == "0", f"{info}\n{log}"
+            continue
+        assert_requeued_once(slurm_cluster, jobs[name], info, log)
+        assert "SIGUSR1" in log, f"{name}: the script did not report stopping on SIGUSR1:\n{log}"
+        final = final_checkpoint(tmp_path / name, steps)
+        assert_same_tensors(final["model"], baseline["model"], f"{name} model")
+        assert_same_tensors(final["optimizer"], baseline["optimizer"], f"{name} optimizer")
+
+
+def prepare_bert_data(output_dir, seq_length, vocab=None):
+    args = [SCRIPTS / "prepare_bert_data.py", "--output-dir", output_dir, "--max-seq-length", seq_length,
+            "--dupe-factor", "1"]
+    args += ["--vocab", vocab] if vocab else ["--vocab-size", "1000"]
+    prepared = python(args, timeout=120)
+    assert prepared.returncode == 0, prepared.describe()
+
+
+def test_bert_phase1_then_phase2_in_order(slurm_cluster, need_horovod, tmp_path):
+    prepare_bert_data(tmp_path / "data32", 32)
+    prepare_bert_data(tmp_path / "data64", 64, vocab=tmp_path / "data32" / "tokenizer")
+    submitted = launch([SLURM / "submit_bert_phases.sh", "--phase1-data", tmp_path / "data32",
+                        "--phase2-data", tmp_path / "data64", "--output-dir", tmp_path / "bert",
+                        "--phase1", "--steps 4", "--phase2", "--steps 3",
+                        "--sbatch", f"--output={tmp_path}/%x-%j.out",
+                        "--", "--model", "tiny", "--batch-size", "8", "--checkpoint-every", "0"],
+                       timeout=60, env={"SLURM_CONF": str(slurm_cluster.conf)})
+    assert submitted.returncode == 0, submitted.describe()
+    phase1, phase2 = re.findall(r"phase \d: job (\d+)", submitted.output)
+
+    waiting = slurm_cluster.job(phase2)
+    assert f"afterok:{phase1}" in waiting.get("Dependency", ""), waiting
+    assert waiting["JobState"] == "PENDING", waiting
+
+    first = slurm_cluster.wait_for_end(phase1, JOB_TIMEOUT)
+    second = slurm_cluster.wait_for_end(phase2, JOB_TIMEOUT)
+    log2 = Path(second["StdOut"]).read_text()
+    assert first["JobState"] == "COMPLETED", f"{first}\n{Path(first['StdOut']).read_text()}"
+    assert second["JobState"] == "COMPLETED", f"{second}\n{log2}"
+    assert slurm_time(second["StartTime"]) >= slurm_time(first["EndTime"])
+    assert f"--init-checkpoint {tmp_path}/bert/phase1" in log2
+    results1 = json.loads((tmp_path / "bert" / "phase1" / "results.json").read_text())
+    results2 = json.loads((tmp_path / "bert" / "phase2" / "results.json").read_text())
+    assert results1["steps"] == 4 and results2["steps"] == 3, (results1, results2)
+
+
+def test_bert_phase2_is_cancelled_when_phase1_fails(slurm_cluster, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "metadata.json").write_text("{}")  # passes the submit check, fails in the job
+    submitted = launch([SLURM / "submit_bert_phases.sh", "--phase1-data", data, "--phase2-data", data,
+                        "--output-dir", tmp_path / "bert", "--sbatch", f"--output={tmp_path}/%x-%j.out",
+                        "--", "--no-such-option"],
+                       timeout=60, env={"SLURM_CONF": str(slurm_cluster.conf)})
+    assert submitted.returncode == 0, submitted.describe()
+    phase1, phase2 = re.findall(r"phase \d: job (\d+)", submitted.output)
+    first = slurm_cluster.wait_for_end(phase1, JOB_TIMEOUT)
+    assert first["JobState"] == "FAILED", first
+    second = slurm_cluster.wait_for_end(phase2, 60)
+    assert second["JobState"] == "CANCELLED" and second.get("RunTime") == "00:00:00", second
