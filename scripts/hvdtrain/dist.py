@@ -127,7 +127,10 @@ def agree_on_errors(check, *args, **kwargs):
         result = check(*args, **kwargs)
     except UsageError as error:
         message = str(error)
-    messages = hvd.allgather_object(message)  # Horovod: every rank's verdict.
+    # Horovod: every rank's verdict. The name must be explicit: allgather_object
+    # defaults it to the object's type, so None on one rank and a message on
+    # another would be two different collectives and both ranks would wait forever.
+    messages = hvd.allgather_object(message, name="agree_on_errors")
     first = next((m for m in messages if m is not None), None)
     if first is not None:
         raise UsageError(first, on_every_rank=True)
@@ -181,7 +184,7 @@ def _python_rng_to_plain(python_state):
 
 def gather_rng_states():
     """Every rank's RNG state, gathered to all ranks (saved by rank 0)."""
-    return hvd.allgather_object(rng_state())  # Horovod: one entry per rank.
+    return hvd.allgather_object(rng_state(), name="rng_states")  # Horovod: one entry per rank.
 
 
 def broadcast_object(obj, root_rank=0, name=None):
