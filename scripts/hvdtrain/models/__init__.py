@@ -1,0 +1,1 @@
+"""Model definitions: plain PyTorch, no Horovod (the scripts add the distribution)."""

@@ -1,0 +1,231 @@
+"""scripts/train_cnn.py under real launches: accuracy, np-invariance, exact resume,
+image folders of every Pillow mode, preemption signals and bad input."""
+import json
+import re
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from launch import SCRIPTS, horovodrun, launch, python
+
+SCRIPT = str(SCRIPTS / "train_cnn.py")
+# horovodrun tags rank lines "[1]<stderr>:" (gloo) or "[1,1]<stderr>:" (MPI).
+RANK_TRACEBACK = re.compile(r"^\[[\d,]+\]<std(?:out|err)>:\s*Traceback", re.MULTILINE)
+
+pytestmark = pytest.mark.usefixtures("need_horovod")
+
+
+def train(np, args, out, timeout=240, transport="gloo"):
+    """One launch of the trainer writing to ``out``; asserts it succeeded."""
+    run = horovodrun(np, [SCRIPT, "--output-dir", out, *args], timeout=timeout, transport=transport)
+    assert run.returncode == 0 and not run.timed_out, run.describe()
+    assert not RANK_TRACEBACK.search(run.output), run.describe()
+    return run
+
+
+def checkpoint_at(out, step):
+    return torch.load(out / f"step-{step:09d}.pt", map_location="cpu", weights_only=True)
+
+
+def make_image_folder(root, classes=("cat", "dog", "fox"), train_per_class=4, val_per_class=2):
+    """JPEG/PNG/GIF/BMP files in every common Pillow mode and in varied sizes."""
+    modes = [("RGB", ".jpg"), ("L", ".png"), ("RGBA", ".png"), ("CMYK", ".jpg"), ("P", ".gif"),
+             ("LA", ".png"), ("I;16", ".png"), ("1", ".bmp"), ("L", ".jpg")]
+    rng = np.random.default_rng(0)
+    count = 0
+    for split, per_class in (("train", train_per_class), ("val", val_per_class)):
+        for label, name in enumerate(classes):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                mode, suffix = modes[count % len(modes)]
+                count += 1
+                height, width = rng.integers(12, 48, size=2)
+                pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+                pixels[..., label] = 255  # a colour cue per class
+                image = Image.fromarray(pixels)
+                if mode == "I;16":
+                    image = Image.fromarray(pixels[..., 0].astype(np.uint16) * 257)
+                else:
+                    image = image.convert(mode)
+                image.save(folder / f"{i}{suffix}")
+    return root
+
+
+def test_default_data_reaches_95_percent(tmp_path):
+    """`make demo`'s command: two workers, every default, embedded digits data."""
+    out = tmp_path / "demo"
+    train(2, ["--no-resume"], out, timeout=420)
+    results = json.loads((out / "results.json").read_text())
+    assert results["val_top1"] >= 0.95, results
+    assert results["world_size"] == 2 and results["dataset"] == "digits"
+    assert results["images_per_sec"] > 0 and results["steps"] > 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == list(range(1, results["epochs"] + 1))
+    for field in ("epoch", "step", "lr", "train_loss", "train_top1", "val_loss", "val_top1",
+                  "val_top5", "images_per_sec", "epoch_seconds"):
+        assert all(field in row for row in rows), field
+    assert rows[-1]["val_top1"] == results["val_top1"]
+    # 359 validation images, each counted once: top-1 is a multiple of 1/359.
+    assert abs(results["val_top1"] * 359 - round(results["val_top1"] * 359)) < 1e-6
+    assert (out / "best.pt").is_file() and len(list(out.glob("step-*.pt"))) == 3
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_two_workers_equal_one_worker_with_the_same_global_batch(tmp_path):
+    """np-invariance, a model without BatchNorm: 2 x 8 == 1 x 16 == 1 x 8 x 2 passes.
+
+    The used LR is lr x workers x batches-per-allreduce, so --lr is set to give
+    0.1 in every run.
+    """
+    common = ["--model", "convnet", "--max-steps", "20", "--checkpoint-every", "10", "--no-resume"]
+    runs = {"2x8": (2, ["--batch-size", "8", "--lr", "0.05"]),
+            "1x16": (1, ["--batch-size", "16", "--lr", "0.1"]),
+            "1x8x2": (1, ["--batch-size", "8", "--batches-per-allreduce", "2", "--lr", "0.05"])}
+    for name, (np_, args) in runs.items():
+        train(np_, [*common, *args], tmp_path / name)
+    reference = {step: checkpoint_at(tmp_path / "2x8", step)["model"] for step in (10, 20)}
+    for name in ("1x16", "1x8x2"):
+        for step in (10, 20):
+            weights = checkpoint_at(tmp_path / name, step)["model"]
+            for key, value in reference[step].items():
+                torch.testing.assert_close(weights[key], value, rtol=0, atol=1e-5,
+                                           msg=lambda m: f"{name} step {step} {key}: {m}")
+    # The steps in between moved the weights far beyond that tolerance.
+    moved = max((reference[20][k] - reference[10][k]).abs().max().item() for k in reference[20])
+    assert moved > 1e-3
+
+
+def test_stop_and_resume_gives_the_same_weights_bit_for_bit(tmp_path):
+    """Uninterrupted 60 steps == 30 steps, a new launch, 30 more (ResNet-20 with
+    BatchNorm, augmentation in a DataLoader worker, an epoch end at step 44)."""
+    common = ["--image-size", "8", "--epochs", "2", "--workers", "1", "--checkpoint-every", "25"]
+    whole, pieces = tmp_path / "whole", tmp_path / "pieces"
+    train(2, [*common, "--max-steps", "60"], whole)
+    train(2, [*common, "--max-steps", "30"], pieces)
+    second = train(2, [*common, "--max-steps", "60"], pieces)
+    assert "resuming at epoch 0 batch 30 (step 30)" in second.output, second.describe()
+    expected, actual = checkpoint_at(whole, 60), checkpoint_at(pieces, 60)
+    assert (actual["epoch"], actual["batch"], actual["step"]) == (1, 16, 60)
+    for key, value in expected["model"].items():
+        assert torch.equal(actual["model"][key], value), key
+    for index, state in expected["optimizer"]["state"].items():
+        assert torch.equal(actual["optimizer"]["state"][index]["momentum_buffer"], state["momentum_buffer"])
+    assert actual["scheduler"]["last_epoch"] == expected["scheduler"]["last_epoch"] == 60
+    assert len(actual["rng"]) == 2  # one RNG state per rank
+
+
+def test_image_folder_of_mixed_modes_trains_one_epoch_under_mpi(tmp_path, need_mpi):
+    data = make_image_folder(tmp_path / "images")
+    out = tmp_path / "out"
+    run = train(2, ["--dataset", "imagefolder", "--data", data, "--model", "resnet18",
+                    "--image-size", "32", "--batch-size", "2", "--epochs", "1", "--workers", "1",
+                    "--no-resume"], out, transport="mpi")
+    assert "12 train / 6 val images, 3 classes" in run.output, run.describe()
+    results = json.loads((out / "results.json").read_text())
+    assert results["epochs"] == 1 and results["steps"] == 3 and results["world_size"] == 2
+    # 6 validation images split 3 + 3 over the ranks: accuracy is a multiple of 1/6.
+    assert abs(results["val_top1"] * 6 - round(results["val_top1"] * 6)) < 1e-6
+
+
+def test_signal_checkpoints_and_exits_zero_on_every_rank(tmp_path):
+    """SIGUSR1 to one rank only (Slurm's warning signal): all ranks stop after the
+    same step, checkpoint, and exit 0."""
+    out = tmp_path / "out"
+    rank_pattern = rf"^\S*python\S* \S*train_cnn\.py .*{re.escape(str(out))}"
+    script = f"""
+        horovodrun -np 2 --gloo {sys.executable} {SCRIPT} --output-dir {out} \\
+            --image-size 8 --batch-size 8 --epochs 5 --checkpoint-every 5 &
+        launcher=$!
+        until ls {out}/step-*.pt >/dev/null 2>&1; do sleep 0.1; done
+        kill -USR1 $(pgrep -f '{rank_pattern}' | head -n 1)
+        wait $launcher
+    """
+    run = launch(["bash", "-c", script], timeout=240)
+    assert run.returncode == 0 and not run.timed_out, run.describe()
+    match = re.search(r"stopped by (SIGUSR1|a signal on another rank) at step (\d+)", run.output)
+    assert match, run.describe()
+    state = checkpoint_at(out, int(match.group(2)))
+    assert state["step"] == int(match.group(2)) < 5 * 179
+    assert not (out / "results.json").exists()
+
+
+def write_bad_file(folder):
+    (folder / "train" / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a JPEG")
+
+
+BAD_INPUT = {
+    "missing data dir": (lambda d: d / "absent", [], "data directory not found"),
+    "empty data dir": (lambda d: _made(d / "empty"), [], "data directory is empty"),
+    "class folder without images": (
+        lambda d: _emptied(make_image_folder(d / "images"), "fox"), [],
+        "class folder {data}/train/fox has no images"),
+    "corrupt image": (
+        lambda d: _corrupted(make_image_folder(d / "images")), [],
+        "cannot read image {data}/train/dog/broken.jpg"),
+    "more workers than samples": (
+        lambda d: make_image_folder(d / "images", classes=("one",), train_per_class=1), [],
+        "more workers than training samples: 2 workers, 1 samples"),
+    "more loader workers than samples": (
+        lambda d: make_image_folder(d / "images"), ["--workers", "7", "--batch-size", "2"],
+        "--workers 7: more DataLoader workers than the 6 training samples each rank loads"),
+    "batch size 0": (None, ["--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
+    "unknown model": (None, ["--model", "vgg11"], "argument --model: invalid choice: 'vgg11'"),
+}
+
+
+def _made(folder):
+    folder.mkdir()
+    return folder
+
+
+def _emptied(root, name):
+    for path in (root / "train" / name).iterdir():
+        path.unlink()
+    (root / "train" / name / "notes.txt").write_text("not an image")
+    return root
+
+
+def _corrupted(root):
+    write_bad_file(root)
+    return root
+
+
+@pytest.mark.parametrize("case", BAD_INPUT, ids=list(BAD_INPUT))
+def test_bad_input_is_one_line_and_exit_status_2_on_every_rank(tmp_path, case):
+    make_data, extra, message = BAD_INPUT[case]
+    args = [SCRIPT, "--output-dir", tmp_path / "out", *extra]
+    data = None
+    if make_data is not None:
+        data = make_data(tmp_path)
+        args += ["--dataset", "imagefolder", "--data", data, "--model", "convnet", "--image-size", "16"]
+    run = horovodrun(2, args, timeout=120)
+    assert not run.timed_out, run.describe()
+    message = message.format(data=data)
+    # horovodrun itself exits 1 and names the first rank that failed and its status.
+    assert run.returncode != 0 and re.search(r"Exit code: 2\b", run.output), run.describe()
+    errors = [line for line in run.output.splitlines() if "train_cnn.py: error:" in line]
+    assert len(errors) == 1 and message in errors[0], run.describe()
+    assert not RANK_TRACEBACK.search(run.output), run.describe()
+
+
+def test_mpirun_exit_status_is_2_for_a_corrupt_image(tmp_path, need_mpi):
+    """mpirun passes the ranks' status through: exactly 2, and both ranks exit."""
+    data = _corrupted(make_image_folder(tmp_path / "images"))
+    run = launch(["mpirun", "-np", "2", sys.executable, SCRIPT,
+                  "--dataset", "imagefolder", "--data", data, "--output-dir", tmp_path / "out"],
+                 timeout=120)
+    assert run.returncode == 2 and not run.timed_out, run.describe()
+    assert f"cannot read image {data}/train/dog/broken.jpg" in run.output
+
+
+def test_help_shows_defaults():
+    run = python([SCRIPT, "--help"], timeout=60)
+    assert run.returncode == 0, run.describe()
+    text_of_help = " ".join(run.output.split())  # undo argparse's line wrapping
+    for text in ("--batches-per-allreduce", "--fp16-allreduce", "--use-adasum", "--sync-bn",
+                 "(default: resnet20)", "(default: digits)", "--resume, --no-resume"):
+        assert text in text_of_help, text
