@@ -1,0 +1,81 @@
+"""The launch forms outside Slurm, with the real launchers and the repository's hostfiles.
+
+    mpirun -np 2 -hostfile hostfiles/localhost python scripts/train_cnn.py ...
+    horovodrun -np 2 --hostfile hostfiles/localhost-horovodrun python scripts/train_cnn.py ...
+    horovodrun --host-discovery-script "python scripts/discover_hosts.py FILE" ...  (elastic)
+"""
+import json
+import sys
+import threading
+import time
+
+from launch import REPO, SCRIPTS, launch, python
+
+HOSTFILES = REPO / "hostfiles"
+TINY_CNN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--epochs", "1", "--max-steps", "3"]
+
+
+def assert_two_rank_run(ran, output_dir):
+    assert ran.returncode == 0, ran.describe()
+    results = json.loads((output_dir / "results.json").read_text())
+    assert results["world_size"] == 2 and results["steps"] == 3, results
+
+
+def test_mpirun_with_the_localhost_hostfile(need_horovod, need_mpi, tmp_path):
+    ran = launch(["mpirun", "-np", "2", "-hostfile", HOSTFILES / "localhost", "--bind-to", "none",
+                  sys.executable, *TINY_CNN, "--output-dir", tmp_path / "run"], timeout=240)
+    assert_two_rank_run(ran, tmp_path / "run")
+
+
+def test_horovodrun_with_the_localhost_hostfile(need_horovod, tmp_path):
+    ran = launch(["horovodrun", "-np", "2", "--hostfile", HOSTFILES / "localhost-horovodrun",
+                  sys.executable, *TINY_CNN, "--output-dir", tmp_path / "run"], timeout=240)
+    assert_two_rank_run(ran, tmp_path / "run")
+
+
+def test_horovodrun_cannot_read_a_commented_hostfile_and_make_hostfile_says_why(need_horovod):
+    """Why hostfiles/localhost-horovodrun has no comment header."""
+    ran = launch(["horovodrun", "-np", "2", "--hostfile", HOSTFILES / "localhost",
+                  sys.executable, "-c", "pass"], timeout=60)
+    assert ran.returncode != 0, ran.describe()
+    checked = python([SCRIPTS / "make_hostfile.py", "--hostfile", HOSTFILES / "localhost",
+                      "--input-format", "horovodrun"], timeout=30)
+    assert checked.returncode == 2
+    assert "line 1: horovodrun --hostfile cannot read comments" in checked.output
+
+
+def wait_then(condition, action, timeout):
+    """In a thread: once ``condition()`` holds, run ``action()`` (gives up after ``timeout`` s)."""
+    def watch():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                action()
+                return
+            time.sleep(0.2)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_elastic_job_grows_when_the_discovered_hostfile_grows(need_horovod, tmp_path):
+    hostfile, out = tmp_path / "hosts", tmp_path / "out"
+    hostfile.write_text("# one slot to start with\nlocalhost slots=1\n")
+    rank0 = out / "sizes-rank0.txt"
+
+    def grow():  # atomically, as discover_hosts.py asks
+        new = tmp_path / "hosts.new"
+        new.write_text("localhost slots=2\n")
+        new.replace(hostfile)
+
+    watcher = wait_then(lambda: rank0.exists() and rank0.read_text().startswith("1 1\n"), grow, 200)
+    discovery = f"{sys.executable} {SCRIPTS / 'discover_hosts.py'} {hostfile}"
+    # --network-interface: an elastic job otherwise waits for two hosts to compare NICs.
+    ran = launch(["horovodrun", "-np", "1", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
+                  "--host-discovery-script", discovery,
+                  sys.executable, REPO / "tests" / "workers" / "elastic_grow.py", out, 2], timeout=240)
+    watcher.join(timeout=1)
+    assert ran.returncode == 0, ran.describe()
+    seen0 = rank0.read_text().split("\n")
+    assert seen0[0] == "1 1" and "2 2" in seen0, seen0  # alone first, then two ranks agreeing
+    assert "2 2" in (out / "sizes-rank1.txt").read_text().split("\n")
