@@ -13,7 +13,7 @@ everything needed to continue at the exact next batch (see --resume).
 import argparse
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -29,9 +29,6 @@ from hvdtrain.models import resnet
 from hvdtrain.runlog import RunLog
 from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler
 from hvdtrain.signals import StopRequest
-
-IN_MEMORY = ("digits", "cifar10", "synthetic")
-
 
 def parse_args(argv=None):
     parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -101,30 +98,22 @@ def check_args(args, ctx):
     cuda = ctx.device.type == "cuda"
     if args.amp and not cuda:
         raise UsageError("--amp needs a CUDA device (none is in use)")
+    if args.use_adasum and not hvd.mpi_enabled():
+        raise UsageError("--use-adasum needs MPI: launch with mpirun or horovodrun --mpi, not --gloo")
+    if args.amp and args.use_adasum:
+        raise UsageError("--use-adasum does not support --amp (GradScaler must see averaged gradients)")
+    if args.sync_bn and not cuda:
+        raise UsageError("--sync-bn needs CUDA: Horovod's SyncBatchNorm only runs on GPUs")
     args.amp = cuda if args.amp is None else args.amp
     args.channels_last = cuda if args.channels_last is None else args.channels_last
     if args.workers is None:
-        args.workers = 0 if args.dataset in IN_MEMORY else 4
+        args.workers = 4 if args.dataset == "imagefolder" else 0  # others are in memory
 
 
 def load_data(args, ctx):
     """(train set, val set, classes, channels); run under agree_on_errors."""
-    size = args.image_size or images.DEFAULT_IMAGE_SIZE[args.dataset]
-    if args.dataset == "digits":
-        data = images.digits(size, args.seed)
-    elif args.dataset == "synthetic":
-        data = images.synthetic(size, args.seed, args.synthetic_samples)
-    elif not args.data:
-        raise UsageError(f"--dataset {args.dataset} needs --data DIR")
-    elif not Path(args.data).is_dir():
-        raise UsageError(f"data directory not found: {args.data}")
-    elif args.dataset == "cifar10":
-        data = images.cifar10(args.data, size, args.seed)
-    else:
-        data = images.image_folder(args.data, size, args.seed)
-        if args.verify_images:
-            files = [path for path, _ in data[0].samples + data[1].samples]
-            images.verify_images(files[ctx.rank::ctx.size])  # each rank decodes its share
+    data = images.load(args.dataset, args.data, args.image_size, args.seed, args.synthetic_samples,
+                       verify_share=(ctx.rank, ctx.size) if args.verify_images else None)
     train_set = data[0]
     shard = len(train_set) // ctx.size
     if shard == 0:
@@ -151,6 +140,7 @@ class Trainer:
     amp: bool
     channels_last: bool
     passes: int  # backward passes per optimizer step
+    adasum: bool
     last_lr: float = 0.0  # the LR of the latest step
 
     def to_device(self, images_batch, targets):
@@ -172,14 +162,19 @@ class Trainer:
             self.scaler.scale(loss / self.passes).backward()
             meter.add("train_loss", loss.detach().float() * len(y), len(y))
             meter.add("train_top1", topk_correct(logits, y, (1,))[0], len(y))
-        # Horovod: finish the gradient allreduce, unscale the averaged gradients,
-        # then step without synchronising a second time (GradScaler pattern).
-        self.optimizer.synchronize()
         self.last_lr = self.optimizer.param_groups[0]["lr"]
-        self.scaler.unscale_(self.optimizer)
-        with self.optimizer.skip_synchronize():
-            self.scaler.step(self.optimizer)
-        self.scaler.update()
+        if self.adasum:
+            # Horovod: Adasum already stepped locally during backward; step()
+            # combines the ranks' weight deltas.
+            self.optimizer.step()
+        else:
+            # Horovod: finish the gradient allreduce, unscale the averaged gradients,
+            # then step without synchronising a second time (GradScaler pattern).
+            self.optimizer.synchronize()
+            self.scaler.unscale_(self.optimizer)
+            with self.optimizer.skip_synchronize():
+                self.scaler.step(self.optimizer)
+            self.scaler.update()
         self.optimizer.zero_grad()  # set_to_none, the torch 2 default
         self.scheduler.step()
 
@@ -243,11 +238,21 @@ def build_trainer(args, ctx, num_classes, channels, steps_per_epoch):
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=args.amp)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     return Trainer(model, optimizer, scheduler, scaler, criterion, ctx.device, args.amp,
-                   args.channels_last, passes)
+                   args.channels_last, passes, args.use_adasum)
+
+
+@dataclass
+class Progress:
+    """Where training stands; part of every checkpoint."""
+    epoch: int = 0  # the epoch in progress
+    batch: int = 0  # batches of it already trained
+    step: int = 0  # optimizer steps in all
+    best_top1: float = 0.0
+    last_row: dict = field(default_factory=dict)  # the latest metrics.jsonl row
 
 
 def restore(args, ctx, trainer):
-    """(epoch, batch in epoch, step, best top-1) from the newest checkpoint, or a fresh start."""
+    """Progress from the newest checkpoint in --output-dir, or a fresh start."""
     output = Path(args.output_dir)
     if not args.resume and ctx.is_main:
         for stale in [*checkpoint.checkpoint_paths(output), output / "best.pt",
@@ -255,7 +260,7 @@ def restore(args, ctx, trainer):
             stale.unlink(missing_ok=True)
         shutil.rmtree(output / "tensorboard", ignore_errors=True)
     state = checkpoint.restore_on_all_ranks(ctx, output, enabled=args.resume)
-    position = (0, 0, 0, 0.0)
+    progress = Progress()
     if state is not None:
         saved = state["args"]
         for key in ("model", "dataset", "batch_size", "batches_per_allreduce", "world_size"):
@@ -269,24 +274,45 @@ def restore(args, ctx, trainer):
         if state["scaler"]:
             trainer.scaler.load_state_dict(state["scaler"])
         dist.set_rng_state(state["rng"][ctx.rank])
-        position = (state["epoch"], state["batch"], state["step"], state["best_top1"])
+        progress = Progress(**{f.name: state[f.name] for f in fields(Progress)})
     # Horovod: every rank starts from rank 0's weights, buffers and optimizer state.
     # (Sent as a state dict: hvd.broadcast_optimizer_state would take a zero-gradient
     # step first, and weight decay would move the weights.)
     hvd.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
     optim.broadcast_optimizer_state(trainer.optimizer, root_rank=0)
-    return position
+    return progress
 
 
-def save_checkpoint(args, ctx, trainer, epoch, batch, step, best_top1, is_best=False):
+def save_checkpoint(args, ctx, trainer, progress, is_best=False):
     """Collective (every rank's RNG state is gathered); rank 0 writes."""
     rng = dist.gather_rng_states()
     if ctx.is_main:
         state = {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
                  "scheduler": trainer.scheduler.state_dict(), "scaler": trainer.scaler.state_dict(),
-                 "epoch": epoch, "batch": batch, "step": step, "best_top1": best_top1,
-                 "rng": rng, "args": vars(args)}
-        checkpoint.save(state, args.output_dir, step, args.keep_checkpoints, is_best)
+                 "rng": rng, "args": vars(args), **asdict(progress)}
+        checkpoint.save(state, args.output_dir, progress.step, args.keep_checkpoints, is_best)
+
+
+def train_epoch(args, ctx, trainer, train_data, progress, total_steps, stop_request, log, timer):
+    """Train the rest of ``progress.epoch``; returns (why it stopped early or None, meter)."""
+    train_set, sampler, loader = train_data
+    train_set.set_epoch(progress.epoch)  # the augmentation key; workers copy it at iter()
+    sampler.set_epoch(progress.epoch, progress.batch)
+    meter = SumMeter()
+    meter.add("train_loss", 0.0, 0), meter.add("train_top1", 0.0, 0)
+    for images_batch, targets in loader:
+        trainer.train_step(images_batch, targets, meter)
+        progress.step, progress.batch = progress.step + 1, progress.batch + 1
+        timer.step(len(targets))
+        log.progress(progress.step)
+        if progress.step >= total_steps:
+            return "max-steps", meter
+        if stop_request.should_stop():  # collective: all ranks stop after this same step
+            return stop_request.received or "a signal on another rank", meter
+        if (args.checkpoint_every and progress.step % args.checkpoint_every == 0
+                and progress.batch < sampler.batches_per_epoch):
+            save_checkpoint(args, ctx, trainer, progress)
+    return None, meter
 
 
 def make_loader(dataset, sampler, batch_size, workers, pin_memory):
@@ -317,7 +343,7 @@ def main():
     val_loader = make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
                              2 * args.batch_size, args.workers, cuda)
     trainer = build_trainer(args, ctx, num_classes, channels, steps_per_epoch)
-    epoch, start_batch, step, best_top1 = restore(args, ctx, trainer)
+    progress = restore(args, ctx, trainer)
     total_steps = min(args.max_steps or 10**18, args.epochs * steps_per_epoch)
 
     log = RunLog(ctx, args.output_dir, total_steps)
@@ -325,65 +351,59 @@ def main():
              f"{num_classes} classes; {ctx.size} workers x batch {step_batch} = global batch "
              f"{ctx.size * step_batch}; lr {args.scaled_lr:g}; {steps_per_epoch} steps/epoch; "
              f"device {ctx.device.type}, amp {'on' if args.amp else 'off'}"
-             + (f"; resuming at epoch {epoch} batch {start_batch} (step {step})" if step else ""))
+             + (f"; resuming at epoch {progress.epoch} batch {progress.batch} (step {progress.step})"
+                if progress.step else ""))
     started = time.perf_counter()
-    timed = [0, 0.0]  # images and seconds timed by this rank, over all epochs
-    row, stop, first = {}, None, True
-    while epoch < args.epochs and step < total_steps and stop is None:
-        train_set.set_epoch(epoch)  # the augmentation key; workers copy it at iter()
-        sampler.set_epoch(epoch, start_batch)
-        meter, timer = SumMeter(), Throughput(warmup_steps=5 if first else 1)
-        meter.add("train_loss", 0.0, 0), meter.add("train_top1", 0.0, 0)
-        epoch_start, batch, first = time.perf_counter(), start_batch, False
-        for images_batch, targets in train_loader:
-            trainer.train_step(images_batch, targets, meter)
-            step, batch = step + 1, batch + 1
-            timer.step(len(targets))
-            log.progress(step)
-            if step >= total_steps:
-                stop = "max-steps"
-            elif stop_request.should_stop():  # collective: all ranks stop after this step
-                stop = stop_request.received or "a signal on another rank"
-            if stop:
-                break
-            if args.checkpoint_every and step % args.checkpoint_every == 0 and batch < steps_per_epoch:
-                save_checkpoint(args, ctx, trainer, epoch, batch, step, best_top1)
-        start_batch = 0
+    timed = [0, 0.0]  # images and seconds this rank timed, over all epochs of this launch
+    while progress.epoch < args.epochs and progress.step < total_steps:
+        timer = Throughput(warmup_steps=1 if timed[1] else 5)  # first steps: allocation, negotiation
+        epoch_start = time.perf_counter()
+        stop, meter = train_epoch(args, ctx, trainer, (train_set, sampler, train_loader), progress,
+                                  total_steps, stop_request, log, timer)
         rate = timer.per_second()
         if rate:
             timed[0] += timer.samples
             timed[1] += timer.samples / rate
         total_rate, per_worker = total_throughput(rate)
-        if stop and stop != "max-steps":
-            save_checkpoint(args, ctx, trainer, epoch, batch, step, best_top1)
-            log.info(f"stopped by {stop} at step {step}: checkpoint written to {args.output_dir}; "
-                     f"relaunch the same command to continue")
+        if stop not in (None, "max-steps"):
+            save_checkpoint(args, ctx, trainer, progress)
+            log.info(f"stopped by {stop} at step {progress.step}: checkpoint written to "
+                     f"{args.output_dir}; relaunch the same command to continue")
             log.close()
             return
-        row = {"epoch": epoch + 1 if batch == steps_per_epoch else round(epoch + batch / steps_per_epoch, 4),
-               "step": step, "lr": trainer.last_lr, **meter.reduce("train"),
-               **trainer.evaluate(val_loader), "images_per_sec": total_rate,
-               "images_per_sec_per_worker": per_worker, "epoch_seconds": time.perf_counter() - epoch_start}
-        is_best = row["val_top1"] > best_top1
-        best_top1 = max(best_top1, row["val_top1"])
-        epoch, batch = (epoch + 1, 0) if batch == steps_per_epoch else (epoch, batch)
-        save_checkpoint(args, ctx, trainer, epoch, batch, step, best_top1, is_best)
-        log.record(row, step)
+        row = {"epoch": round(progress.epoch + progress.batch / steps_per_epoch, 4), "step": progress.step,
+               "lr": trainer.last_lr, **meter.reduce("train"), **trainer.evaluate(val_loader),
+               "images_per_sec": total_rate, "images_per_sec_per_worker": per_worker,
+               "epoch_seconds": time.perf_counter() - epoch_start}
+        if progress.batch == steps_per_epoch:
+            row["epoch"] = progress.epoch = progress.epoch + 1
+            progress.batch = 0
+        is_best = row["val_top1"] > progress.best_top1
+        progress.best_top1, progress.last_row = max(progress.best_top1, row["val_top1"]), row
+        save_checkpoint(args, ctx, trainer, progress, is_best)
+        log.record(row, progress.step)
         log.info(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    write_results(args, ctx, trainer, progress, val_loader, log, timed, time.perf_counter() - started)
+    log.close()
 
-    if not row:  # nothing left to train (resumed a finished run): measure the model
-        row = {"epoch": epoch, "step": step, **trainer.evaluate(val_loader)}
-    local_rate = timed[0] / timed[1] if timed[1] else None
-    total_rate, per_worker = total_throughput(local_rate)
+
+def write_results(args, ctx, trainer, progress, val_loader, log, timed, seconds):
+    row = progress.last_row
+    if not row:  # resumed past --max-steps from a mid-epoch checkpoint: measure the model
+        row = {"epoch": progress.epoch, **trainer.evaluate(val_loader)}
+    total_rate, per_worker = total_throughput(timed[0] / timed[1] if timed[1] else None)
+    if not total_rate:  # nothing timed in this launch: the figures of the last epoch trained
+        total_rate = row.get("images_per_sec", 0.0)
+        per_worker = row.get("images_per_sec_per_worker", 0.0)
+    step_batch = args.batch_size * args.batches_per_allreduce
     results = {key: row.get(key) for key in ("val_top1", "val_top5", "val_loss", "train_loss", "train_top1")}
     results.update(images_per_sec=total_rate, images_per_sec_per_worker=per_worker, world_size=ctx.size,
-                   epochs=row["epoch"], steps=step, model=args.model, dataset=args.dataset,
+                   epochs=row["epoch"], steps=progress.step, model=args.model, dataset=args.dataset,
                    batch_size=args.batch_size, global_batch_size=ctx.size * step_batch, lr=args.scaled_lr,
-                   best_val_top1=best_top1, seconds=time.perf_counter() - started)
+                   best_val_top1=progress.best_top1, seconds=seconds)
     path = log.results(results)
     log.info(f"val_top1 {results['val_top1']:.4f} val_top5 {results['val_top5']:.4f} "
              f"{total_rate:.1f} images/s ({per_worker:.1f} per worker); results in {path}")
-    log.close()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """scripts/train_cnn.py under real launches: accuracy, np-invariance, exact resume,
 image folders of every Pillow mode, preemption signals and bad input."""
 import json
+import pickle
 import re
 import sys
 
@@ -131,25 +132,68 @@ def test_image_folder_of_mixed_modes_trains_one_epoch_under_mpi(tmp_path, need_m
     assert abs(results["val_top1"] * 6 - round(results["val_top1"] * 6)) < 1e-6
 
 
-def test_signal_checkpoints_and_exits_zero_on_every_rank(tmp_path):
-    """SIGUSR1 to one rank only (Slurm's warning signal): all ranks stop after the
-    same step, checkpoint, and exit 0."""
+def make_cifar10(root, images_per_batch=20):
+    """The CIFAR-10 python layout: five training batches and a test batch, pickled."""
+    rng = np.random.default_rng(0)
+    root.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": rng.integers(0, 256, (images_per_batch, 3072), dtype=np.uint8),
+                 b"labels": rng.integers(0, 10, images_per_batch).tolist()}
+        with open(root / name, "wb") as handle:
+            pickle.dump(batch, handle)
+    return root
+
+
+def test_cifar10_with_fp16_allreduce_accumulation_and_step_decay(tmp_path):
+    """--fp16-allreduce, 2 backward passes per allreduce, gradient predivision,
+    label smoothing and step decay together, on CIFAR-10's file format."""
     out = tmp_path / "out"
-    rank_pattern = rf"^\S*python\S* \S*train_cnn\.py .*{re.escape(str(out))}"
+    train(2, ["--dataset", "cifar10", "--data", make_cifar10(tmp_path / "cifar"), "--epochs", "2",
+              "--batch-size", "4", "--batches-per-allreduce", "2", "--fp16-allreduce",
+              "--gradient-predivide-factor", "2", "--label-smoothing", "0.1", "--lr", "0.1",
+              "--lr-decay", "step", "--lr-milestones", "1", "--no-resume"], out)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # 100 images // (2 workers x 4 x 2 passes) = 6 steps per epoch; LR 0.1 x 2 x 2
+    # after one warmup epoch, then x 0.1 from the milestone at epoch 1.
+    assert [row["step"] for row in rows] == [6, 12]
+    assert [row["lr"] for row in rows] == pytest.approx([0.4, 0.04])
+    assert all(np.isfinite(row["train_loss"]) for row in rows)
+    results = json.loads((out / "results.json").read_text())
+    assert results["global_batch_size"] == 16 and results["epochs"] == 2
+
+
+def test_adasum_under_mpi(tmp_path, need_mpi):
+    out = tmp_path / "out"
+    train(2, ["--use-adasum", "--model", "convnet", "--max-steps", "4", "--no-resume"], out,
+          transport="mpi")
+    weights = checkpoint_at(out, 4)["model"]
+    assert all(torch.isfinite(value).all() for value in weights.values())
+
+
+def test_signal_to_one_rank_checkpoints_and_exits_zero_on_every_rank(tmp_path):
+    """SIGUSR1 to rank 1 only (Slurm may signal ranks at different moments): every
+    rank stops after the same step, rank 0 writes the checkpoint, all exit 0."""
+    out = tmp_path / "out"
+    ranks = rf"^\S*python\S* \S*train_cnn\.py .*{re.escape(str(out))}"
     script = f"""
         horovodrun -np 2 --gloo {sys.executable} {SCRIPT} --output-dir {out} \\
             --image-size 8 --batch-size 8 --epochs 5 --checkpoint-every 5 &
         launcher=$!
         until ls {out}/step-*.pt >/dev/null 2>&1; do sleep 0.1; done
-        kill -USR1 $(pgrep -f '{rank_pattern}' | head -n 1)
+        for pid in $(pgrep -f '{ranks}'); do
+            if tr '\\0' '\\n' < /proc/$pid/environ | grep -qx HOROVOD_RANK=1; then
+                kill -USR1 $pid
+            fi
+        done
         wait $launcher
     """
     run = launch(["bash", "-c", script], timeout=240)
     assert run.returncode == 0 and not run.timed_out, run.describe()
-    match = re.search(r"stopped by (SIGUSR1|a signal on another rank) at step (\d+)", run.output)
+    match = re.search(r"stopped by a signal on another rank at step (\d+)", run.rank_output(0))
     assert match, run.describe()
-    state = checkpoint_at(out, int(match.group(2)))
-    assert state["step"] == int(match.group(2)) < 5 * 179
+    step = int(match.group(1))
+    state = checkpoint_at(out, step)
+    assert state["step"] == step < 5 * 89 and len(state["rng"]) == 2
     assert not (out / "results.json").exists()
 
 

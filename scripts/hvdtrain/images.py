@@ -7,6 +7,7 @@ augmented the same way whichever rank, DataLoader worker or resumed run loads
 it. That is what makes stop-and-resume bit-exact and the result independent of
 how the global batch is split across workers.
 """
+import importlib.util
 import math
 import pickle
 from pathlib import Path
@@ -84,11 +85,10 @@ def digits(size, seed, val_fraction=0.2):
 
     The split uses its own fixed seed, so --seed changes training, not what is measured.
     """
-    from sklearn.datasets import load_digits
-    bunch = load_digits()
-    images = torch.tensor(bunch.images, dtype=torch.float32)[:, None] / 16.0
+    pixels, targets = _digits_arrays()
+    images = torch.tensor(pixels, dtype=torch.float32)[:, None] / 16.0
     images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
-    labels = torch.tensor(bunch.target, dtype=torch.int64)
+    labels = torch.tensor(targets, dtype=torch.int64)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(12345))
     n_val = int(round(len(labels) * val_fraction))
     val, train = order[:n_val], order[n_val:]
@@ -97,6 +97,20 @@ def digits(size, seed, val_fraction=0.2):
     pad = max(1, size // 8)
     return (TensorImages(images[train], labels[train], mean, std, size, True, pad, False, seed),
             TensorImages(images[val], labels[val], mean, std, size, False), 10, 1)
+
+
+def _digits_arrays():
+    """(N x 8 x 8 pixels in 0..16, labels), as sklearn.datasets.load_digits returns them."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if path is not None and path.is_file():
+        # The file load_digits reads; importing sklearn.datasets costs each rank
+        # seconds of SciPy imports, on every launch.
+        table = np.loadtxt(path, delimiter=",")
+        return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits
+    bunch = load_digits()
+    return bunch.images, bunch.target
 
 
 def cifar10(directory, size, seed):
@@ -269,6 +283,27 @@ def _centre_box(image_size, fraction):
     return (left, top, left + side, top + side)
 
 
-def image_folder(root, size, seed):
+def image_folder(root, size, seed, verify_share=None):
+    """``verify_share=(rank, size)``: decode every size-th file from rank first."""
     classes, train, val = scan_image_folder(root)
+    if verify_share is not None:
+        rank, size_ = verify_share
+        verify_images([path for path, _ in train + val][rank::size_])
     return (ImageFolder(train, size, True, seed), ImageFolder(val, size, False), len(classes), 3)
+
+
+def load(dataset, data_dir, image_size, seed, synthetic_samples=4096, verify_share=None):
+    """(train set, val set, number of classes, channels) for a data set name; UsageError
+    for bad input. ``image_size`` None means the data set's native size."""
+    size = image_size or DEFAULT_IMAGE_SIZE[dataset]
+    if dataset == "digits":
+        return digits(size, seed)
+    if dataset == "synthetic":
+        return synthetic(size, seed, synthetic_samples)
+    if not data_dir:
+        raise UsageError(f"--dataset {dataset} needs --data DIR")
+    if not Path(data_dir).is_dir():
+        raise UsageError(f"data directory not found: {data_dir}")
+    if dataset == "cifar10":
+        return cifar10(data_dir, size, seed)
+    return image_folder(data_dir, size, seed, verify_share)
