@@ -3,6 +3,8 @@
     mpirun -np 2 -hostfile hostfiles/localhost python scripts/train_cnn.py ...
     horovodrun -np 2 --hostfile hostfiles/localhost-horovodrun python scripts/train_cnn.py ...
     horovodrun --host-discovery-script "python scripts/discover_hosts.py FILE" ...  (elastic)
+
+and both across two real hosts (network namespaces with sshd, see two_hosts.py).
 """
 import json
 import sys
@@ -10,6 +12,7 @@ import threading
 import time
 
 from launch import REPO, SCRIPTS, launch, python
+from two_hosts import INTERFACE, two_hosts  # noqa: F401  (the session fixture)
 
 HOSTFILES = REPO / "hostfiles"
 TINY_CNN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--epochs", "1", "--max-steps", "3"]
@@ -79,3 +82,34 @@ def test_elastic_job_grows_when_the_discovered_hostfile_grows(need_horovod, tmp_
     seen0 = rank0.read_text().split("\n")
     assert seen0[0] == "1 1" and "2 2" in seen0, seen0  # alone first, then two ranks agreeing
     assert "2 2" in (out / "sizes-rank1.txt").read_text().split("\n")
+
+
+# ---------------------------------------------------------------- two hosts
+def two_host_hostfile(tmp_path, fmt):
+    """hvd-a and hvd-b with one slot each, written by make_hostfile.py."""
+    path = tmp_path / f"hosts.{fmt}"
+    made = python([SCRIPTS / "make_hostfile.py", "--hosts", "hvd-a:1,hvd-b:1", "--format", fmt,
+                   "-o", path], timeout=30)
+    assert made.returncode == 0, made.describe()
+    return path
+
+
+def test_mpirun_across_two_hosts(need_horovod, need_mpi, two_hosts, tmp_path):
+    """One slot per host and no oversubscription: rank 1 can only run on hvd-b, over ssh."""
+    hostfile = two_host_hostfile(tmp_path, "openmpi")
+    ran = launch(two_hosts.on_a([
+        "mpirun", "-np", "2", "-hostfile", hostfile, "--bind-to", "none",
+        "-mca", "btl_tcp_if_include", INTERFACE, "-mca", "oob_tcp_if_include", INTERFACE,
+        "-x", "PATH", "-x", "OMP_NUM_THREADS", "-x", "PYTHONUNBUFFERED",
+        sys.executable, *TINY_CNN, "--output-dir", tmp_path / "run"]),
+        timeout=240, env={**two_hosts.env(), "OMPI_MCA_rmaps_base_oversubscribe": "0"})
+    assert_two_rank_run(ran, tmp_path / "run")
+
+
+def test_horovodrun_across_two_hosts(need_horovod, two_hosts, tmp_path):
+    hostfile = two_host_hostfile(tmp_path, "horovodrun")
+    ran = launch(two_hosts.on_a([
+        "horovodrun", "-np", "2", "--hostfile", hostfile, "--gloo", "--network-interface", INTERFACE,
+        sys.executable, *TINY_CNN, "--output-dir", tmp_path / "run"]),
+        timeout=240, env=two_hosts.env())
+    assert_two_rank_run(ran, tmp_path / "run")
