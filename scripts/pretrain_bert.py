@@ -53,13 +53,13 @@ def parse_args(argv=None):
     train.add_argument("--steps", type=cli.positive_int, default=300, help="optimizer steps in the schedule")
     train.add_argument("--stop-after", type=cli.positive_int, metavar="STEP",
                        help="checkpoint and exit 0 after this step; relaunch to continue")
-    train.add_argument("--batch-size", type=cli.positive_int, default=32, help="sequences per rank per micro-batch")
+    train.add_argument("--batch-size", type=cli.positive_int, default=16, help="sequences per rank per micro-batch")
     train.add_argument("--accumulation-steps", type=cli.positive_int, default=1,
                        help="micro-batches per update (one allreduce per update)")
     train.add_argument("--optimizer", choices=("lamb", "adamw"), default="lamb")
-    train.add_argument("--lr", type=cli.positive_float, default=2e-3)
+    train.add_argument("--lr", type=cli.positive_float, default=6e-3, help="peak learning rate (NVIDIA phase 1: 6e-3)")
     train.add_argument("--warmup-proportion", type=cli.fraction, default=0.1)
-    train.add_argument("--poly-power", type=float, default=1.0, help="decay: lr * (1 - progress) ** power")
+    train.add_argument("--poly-power", type=float, default=0.5, help="decay: lr * (1 - progress) ** power (NVIDIA: 0.5)")
     train.add_argument("--weight-decay", type=float, default=0.01, help="not applied to biases and LayerNorm")
     train.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the global norm; 0 turns it off")
     train.add_argument("--seed", type=cli.non_negative_int, default=42)
@@ -338,6 +338,7 @@ def main(argv=None):
         position["step"] += 1
         position["step_in_epoch"] += 1
         step = position["step"]
+        ctx.watchdog.beat()  # progress: the stall watchdog must not fire
         log.progress(step)
         if step == 1 or step % args.log_every == 0 or step == last_step:
             position["last_row"] = log_row(ctx, log, meter, step, position["epoch"], lr, start_time)
