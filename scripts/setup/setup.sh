@@ -59,10 +59,34 @@ pip_quiet() {
 }
 
 cuda_tag() {
-    # "cpu", or "cu<version>" when torch is a CUDA build and nvcc is here to build with.
-    local cuda
+    # "cpu" for a CPU torch; "cu<version>" for a CUDA torch with a toolkit to build against.
+    local cuda home
     cuda=$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda or "")')
-    if [ -n "$cuda" ] && have nvcc; then echo "cu${cuda}"; else echo cpu; fi
+    [ -n "$cuda" ] || { echo cpu; return 0; }
+    home=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")")}
+    # Horovod's CMake builds CUDA kernels whenever torch is a CUDA build, so a
+    # partial toolkit (nvcc without the runtime library) cannot build at all.
+    if ! have nvcc || ! compgen -G "$home/lib*/libcudart.so*" >/dev/null \
+            && ! compgen -G "$home/targets/*/lib/libcudart.so*" >/dev/null; then
+        die "torch is a CUDA $cuda build but no complete CUDA toolkit is here (need nvcc and libcudart under CUDA_HOME=$home): load your cluster's CUDA module, or install the CPU build of torch"
+    fi
+    echo "cu$cuda"
+}
+
+nccl_home() {
+    # NCCL for HOROVOD_GPU_OPERATIONS=NCCL: HOROVOD_NCCL_HOME, a system install,
+    # or the nvidia-nccl wheel that CUDA builds of torch bring along.
+    if [ -n "${HOROVOD_NCCL_HOME:-}" ] || [ -e /usr/include/nccl.h ]; then
+        echo "${HOROVOD_NCCL_HOME:-}"; return 0
+    fi
+    local wheel_dir
+    wheel_dir=$("$VENV/bin/python" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null) \
+        || die "CUDA build needs NCCL: set HOROVOD_NCCL_HOME or load an NCCL module"
+    # The wheel ships only libnccl.so.2; CMake looks for libnccl.so.
+    mkdir -p "$1/nccl/lib"
+    ln -sf "$wheel_dir/include" "$1/nccl/include"
+    ln -sf "$wheel_dir/lib/libnccl.so.2" "$1/nccl/lib/libnccl.so"
+    echo "$1/nccl"
 }
 
 build_horovod_wheel() {
@@ -89,13 +113,19 @@ build_horovod_wheel() {
                         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
                         MAKEFLAGS="-j$(nproc)")
     if [ "$tag" != cpu ]; then
-        say "CUDA build: HOROVOD_GPU_OPERATIONS=NCCL (set HOROVOD_NCCL_HOME if NCCL is not in a system path)"
-        build_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
+        local nccl
+        nccl=$(nccl_home "$work")
+        say "CUDA build: HOROVOD_GPU_OPERATIONS=NCCL${nccl:+ with NCCL from $nccl}"
+        build_env+=(HOROVOD_GPU_OPERATIONS=NCCL ${nccl:+HOROVOD_NCCL_HOME=$nccl})
     fi
     # --no-build-isolation: Horovod's CMake imports the torch we just installed.
     ( export "${build_env[@]}"
       pip_quiet wheel --no-deps --no-build-isolation -w "$work/wheel" "$src" ) \
-        > "$work/build.log" 2>&1 || { tail -40 "$work/build.log" >&2; die "Horovod build failed (log above)"; }
+        > "$work/build.log" 2>&1 || {
+            cp "$work/build.log" "$VENV/horovod-build.log"
+            grep -A8 "CMake Error" "$work/build.log" | head -40 >&2 || true
+            tail -15 "$work/build.log" >&2
+            die "Horovod build failed; full log: $VENV/horovod-build.log"; }
     mkdir -p "$WHEEL_CACHE"
     mv "$work/wheel" "$cache_dir.tmp.$$" && mv -T "$cache_dir.tmp.$$" "$cache_dir"
     FIND_LINKS=$cache_dir
