@@ -50,14 +50,15 @@ def parse_args(argv=None):
     model.add_argument("--init-checkpoint", type=Path,
                        help="phase 2: start from these weights (a checkpoint or its directory), new step counter")
     train = parser.add_argument_group("optimisation")
-    train.add_argument("--steps", type=cli.positive_int, default=300, help="optimizer steps in the schedule")
+    train.add_argument("--steps", type=cli.positive_int, default=200, help="optimizer steps in the schedule")
     train.add_argument("--stop-after", type=cli.positive_int, metavar="STEP",
                        help="checkpoint and exit 0 after this step; relaunch to continue")
     train.add_argument("--batch-size", type=cli.positive_int, default=16, help="sequences per rank per micro-batch")
     train.add_argument("--accumulation-steps", type=cli.positive_int, default=1,
                        help="micro-batches per update (one allreduce per update)")
     train.add_argument("--optimizer", choices=("lamb", "adamw"), default="lamb")
-    train.add_argument("--lr", type=cli.positive_float, default=6e-3, help="peak learning rate (NVIDIA phase 1: 6e-3)")
+    train.add_argument("--lr", type=cli.positive_float,
+                       help="peak learning rate (default: 6e-3 for LAMB as NVIDIA's phase 1, 1e-3 for AdamW)")
     train.add_argument("--warmup-proportion", type=cli.fraction, default=0.1)
     train.add_argument("--poly-power", type=float, default=0.5, help="decay: lr * (1 - progress) ** power (NVIDIA: 0.5)")
     train.add_argument("--weight-decay", type=float, default=0.01, help="not applied to biases and LayerNorm")
@@ -80,6 +81,7 @@ def parse_args(argv=None):
     out.add_argument("--log-every", type=cli.positive_int, default=10)
     args = parser.parse_args(argv)
     args.export_dir = args.export_dir or args.output_dir / "model"
+    args.lr = args.lr or (6e-3 if args.optimizer == "lamb" else 1e-3)
     return args
 
 
@@ -293,8 +295,9 @@ def finish(args, ctx, log, position, sequences, tokens, completed, model, tokeni
         results["export_dir"] = str(bert_models.export(model, tokenizer, args.export_dir))
         log.info(f"exported a Hugging Face model to {args.export_dir}")
     log.results(results)
-    log.info(f"{'finished' if completed else 'stopped'} at step {position['step']}: "
-             f"{seq_total:.1f} sequences/s, {tok_total:.0f} tokens/s on {ctx.size} rank(s)")
+    speed = (f"{seq_total:.1f} sequences/s, {tok_total:.0f} tokens/s" if seq_total
+             else "too few steps to time (the first 5 are warm-up)")
+    log.info(f"{'finished' if completed else 'stopped'} at step {position['step']}: {speed} on {ctx.size} rank(s)")
 
 
 def main(argv=None):
