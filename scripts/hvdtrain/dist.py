@@ -87,6 +87,10 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
     # The warning time must not exceed the shutdown time, or Horovod ignores the shutdown.
     warning = min(60, int(os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]))
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(warning))
+    # Open MPI busy-polls while a rank waits in a collective, and that spinning takes
+    # the core from the compute threads (or the rank being waited for). Yielding
+    # made CNN epochs 2.5x faster under horovodrun --mpi on the 2-core test machine.
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     hvd.init()  # Horovod: start the background communication thread.
 
     if use_cuda and torch.cuda.is_available():
