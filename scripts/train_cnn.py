@@ -30,6 +30,10 @@ from hvdtrain.runlog import RunLog
 from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler
 from hvdtrain.signals import StopRequest
 
+# A signal is acted on within this many steps (an allreduce each time: on a busy
+# 2-core machine checking every step cost a quarter of the step time).
+SIGNAL_CHECK_STEPS = 10
+
 def parse_args(argv=None):
     parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     data = parser.add_argument_group("data")
@@ -113,7 +117,8 @@ def check_args(args, ctx):
 def load_data(args, ctx):
     """(train set, val set, classes, channels); run under agree_on_errors."""
     data = images.load(args.dataset, args.data, args.image_size, args.seed, args.synthetic_samples,
-                       verify_share=(ctx.rank, ctx.size) if args.verify_images else None)
+                       verify_share=(ctx.rank, ctx.size) if args.verify_images else None,
+                       on_file=ctx.watchdog.beat)
     train_set = data[0]
     shard = len(train_set) // ctx.size
     if shard == 0:
@@ -179,7 +184,7 @@ class Trainer:
         self.scheduler.step()
 
     @torch.no_grad()
-    def evaluate(self, loader):
+    def evaluate(self, loader, beat):
         """Loss, top-1, top-5 over every validation sample exactly once."""
         self.model.eval()
         meter = SumMeter()
@@ -193,6 +198,7 @@ class Trainer:
             meter.add("val_loss", F.cross_entropy(logits.float(), targets, reduction="sum"), len(targets))
             meter.add("val_top1", top1, len(targets))
             meter.add("val_top5", top5, len(targets))
+            beat()  # a long validation is progress too, for the stall watchdog
         self.model.train()
         return meter.reduce("val")
 
@@ -302,13 +308,18 @@ def train_epoch(args, ctx, trainer, train_data, progress, total_steps, stop_requ
     meter.add("train_loss", 0.0, 0), meter.add("train_top1", 0.0, 0)
     for images_batch, targets in loader:
         trainer.train_step(images_batch, targets, meter)
+        ctx.watchdog.beat()  # progress: the stall watchdog must not fire
         progress.step, progress.batch = progress.step + 1, progress.batch + 1
         timer.step(len(targets))
         log.progress(progress.step)
         if progress.step >= total_steps:
             return "max-steps", meter
-        if stop_request.should_stop():  # collective: all ranks stop after this same step
-            return stop_request.received or "a signal on another rank", meter
+        # Collective, so every few steps only: all ranks stop after the same step.
+        if progress.step % SIGNAL_CHECK_STEPS == 0 and stop_request.should_stop():
+            # Horovod: name the signal and the rank that got it, whichever rank that was.
+            received = hvd.allgather_object(stop_request.received, name="stop_signal")
+            rank = next(r for r, name in enumerate(received) if name)
+            return f"{received[rank]} (rank {rank})", meter
         if (args.checkpoint_every and progress.step % args.checkpoint_every == 0
                 and progress.batch < sampler.batches_per_epoch):
             save_checkpoint(args, ctx, trainer, progress)
@@ -371,10 +382,10 @@ def main():
                      f"{args.output_dir}; relaunch the same command to continue")
             log.close()
             return
-        row = {"epoch": round(progress.epoch + progress.batch / steps_per_epoch, 4), "step": progress.step,
-               "lr": trainer.last_lr, **meter.reduce("train"), **trainer.evaluate(val_loader),
-               "images_per_sec": total_rate, "images_per_sec_per_worker": per_worker,
-               "epoch_seconds": time.perf_counter() - epoch_start}
+        row = {"epoch": round(progress.epoch + progress.batch / steps_per_epoch, 4),
+               "step": progress.step, "lr": trainer.last_lr, **meter.reduce("train"),
+               **trainer.evaluate(val_loader, ctx.watchdog.beat), "images_per_sec": total_rate,
+               "images_per_sec_per_worker": per_worker, "epoch_seconds": time.perf_counter() - epoch_start}
         if progress.batch == steps_per_epoch:
             row["epoch"] = progress.epoch = progress.epoch + 1
             progress.batch = 0
@@ -390,7 +401,7 @@ def main():
 def write_results(args, ctx, trainer, progress, val_loader, log, timed, seconds):
     row = progress.last_row
     if not row:  # resumed past --max-steps from a mid-epoch checkpoint: measure the model
-        row = {"epoch": progress.epoch, **trainer.evaluate(val_loader)}
+        row = {"epoch": progress.epoch, **trainer.evaluate(val_loader, ctx.watchdog.beat)}
     total_rate, per_worker = total_throughput(timed[0] / timed[1] if timed[1] else None)
     if not total_rate:  # nothing timed in this launch: the figures of the last epoch trained
         total_rate = row.get("images_per_sec", 0.0)

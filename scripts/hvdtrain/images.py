@@ -203,8 +203,10 @@ def _list_images(split_dir, classes, require_all):
     return samples
 
 
-def verify_images(paths):
-    """Open and fully decode each file; UsageError naming the first bad one."""
+def verify_images(paths, on_file=None):
+    """Open and fully decode each file; UsageError naming the first bad one.
+
+    ``on_file`` is called after each file (e.g. a stall watchdog's beat)."""
     from PIL import Image
     for path in paths:
         try:
@@ -214,6 +216,8 @@ def verify_images(paths):
                 image.load()  # the pixel data itself: catches truncated files
         except Exception as error:
             raise UsageError(f"cannot read image {path}: {error}") from None
+        if on_file is not None:
+            on_file()
 
 
 def load_rgb(path):
@@ -283,16 +287,17 @@ def _centre_box(image_size, fraction):
     return (left, top, left + side, top + side)
 
 
-def image_folder(root, size, seed, verify_share=None):
+def image_folder(root, size, seed, verify_share=None, on_file=None):
     """``verify_share=(rank, size)``: decode every size-th file from rank first."""
     classes, train, val = scan_image_folder(root)
     if verify_share is not None:
         rank, size_ = verify_share
-        verify_images([path for path, _ in train + val][rank::size_])
+        verify_images([path for path, _ in train + val][rank::size_], on_file)
     return (ImageFolder(train, size, True, seed), ImageFolder(val, size, False), len(classes), 3)
 
 
-def load(dataset, data_dir, image_size, seed, synthetic_samples=4096, verify_share=None):
+def load(dataset, data_dir, image_size, seed, synthetic_samples=4096, verify_share=None,
+         on_file=None):
     """(train set, val set, number of classes, channels) for a data set name; UsageError
     for bad input. ``image_size`` None means the data set's native size."""
     size = image_size or DEFAULT_IMAGE_SIZE[dataset]
@@ -306,4 +311,4 @@ def load(dataset, data_dir, image_size, seed, synthetic_samples=4096, verify_sha
         raise UsageError(f"data directory not found: {data_dir}")
     if dataset == "cifar10":
         return cifar10(data_dir, size, seed)
-    return image_folder(data_dir, size, seed, verify_share)
+    return image_folder(data_dir, size, seed, verify_share, on_file)
