@@ -36,60 +36,65 @@ SIGNAL_CHECK_STEPS = 10
 
 def parse_args(argv=None):
     parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    flag = argparse.BooleanOptionalAction
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", default="digits", choices=["digits", "cifar10", "imagefolder", "synthetic"],
-                      help="digits: scikit-learn's embedded 8x8 digits (no download); cifar10: the "
-                           "python batches directory; imagefolder: train/<class>/*, val/<class>/*")
+    data.add_argument("--dataset", default="digits",
+                      choices=["digits", "cifar10", "imagefolder", "synthetic"],
+                      help="digits: scikit-learn's embedded 8x8 digits (no download); cifar10: "
+                           "the python batches directory; imagefolder: train/<class>/*, val/<class>/*")
     data.add_argument("--data", help="data directory (cifar10, imagefolder)")
     data.add_argument("--image-size", type=cli.positive_int,
-                      help="input resolution (default: digits 16, cifar10/synthetic 32, imagefolder 224)")
+                      help="input resolution; unset (%(default)s): digits 16, cifar10/synthetic 32, imagefolder 224")
     data.add_argument("--workers", type=cli.non_negative_int,
-                      help="DataLoader worker processes per rank (default: 0 for in-memory data, 4 for imagefolder)")
-    data.add_argument("--verify-images", action=argparse.BooleanOptionalAction, default=True,
+                      help="DataLoader processes per rank; unset (%(default)s): 4 for imagefolder, else 0")
+    data.add_argument("--verify-images", action=flag, default=True,
                       help="decode every image file before training (each rank checks its share)")
-    data.add_argument("--synthetic-samples", type=cli.positive_int, default=4096)
+    data.add_argument("--synthetic-samples", type=cli.positive_int, default=4096, help="synthetic epoch size")
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="resnet20", choices=sorted(resnet.MODELS),
                        help="resnet20/56: CIFAR-style; resnet18/50: ImageNet-style; convnet: no BatchNorm")
-    model.add_argument("--sync-bn", action="store_true", help="Horovod SyncBatchNorm: statistics over the global batch")
+    model.add_argument("--sync-bn", action="store_true",
+                       help="Horovod SyncBatchNorm: statistics over the global batch (CUDA only)")
     train = parser.add_argument_group("optimisation (defaults suit the digits data set)")
-    train.add_argument("--epochs", type=cli.positive_int, default=8)
+    train.add_argument("--epochs", type=cli.positive_int, default=8, help="length of the LR schedule")
     train.add_argument("--max-steps", type=cli.positive_int,
-                       help="stop (with a checkpoint) after this many optimizer steps; the LR schedule still spans --epochs")
-    train.add_argument("--batch-size", type=cli.positive_int, default=16, help="per worker, per allreduce pass")
+                       help="stop with a checkpoint after this many steps; the LR schedule still spans --epochs")
+    train.add_argument("--batch-size", type=cli.positive_int, default=16, help="per worker and backward pass")
     train.add_argument("--lr", type=cli.positive_float, default=0.1,
                        help="base LR per worker batch; used LR = lr x workers x batches-per-allreduce")
-    train.add_argument("--warmup-epochs", type=float, default=1.0, help="linear LR warmup (Goyal et al. 2017)")
-    train.add_argument("--lr-decay", default="cosine", choices=["cosine", "step"])
+    train.add_argument("--warmup-epochs", type=float, default=1.0, help="linear warmup (Goyal et al. 2017)")
+    train.add_argument("--lr-decay", default="cosine", choices=["cosine", "step"], help="after the warmup")
     train.add_argument("--lr-milestones", type=float, nargs="+", default=[30, 60, 80],
                        help="epochs at which --lr-decay step multiplies the LR by --lr-gamma")
-    train.add_argument("--lr-gamma", type=float, default=0.1)
-    train.add_argument("--momentum", type=cli.fraction, default=0.9)
-    train.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=True)
-    train.add_argument("--weight-decay", type=float, default=5e-4, help="not applied to BatchNorm and bias parameters")
-    train.add_argument("--label-smoothing", type=cli.fraction, default=0.0)
-    hvd_args = parser.add_argument_group("Horovod")
-    hvd_args.add_argument("--batches-per-allreduce", type=cli.positive_int, default=1,
-                          help="backward passes (of --batch-size each) accumulated locally per allreduce")
-    hvd_args.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the allreduce")
-    hvd_args.add_argument("--use-adasum", action="store_true", help="combine gradients with Adasum instead of averaging")
-    hvd_args.add_argument("--gradient-predivide-factor", type=cli.positive_float, default=1.0,
-                          help="divide gradients by this before the sum and by size/factor after")
+    train.add_argument("--lr-gamma", type=float, default=0.1, help="step decay factor")
+    train.add_argument("--momentum", type=cli.fraction, default=0.9, help="SGD momentum")
+    train.add_argument("--nesterov", action=flag, default=True, help="Nesterov momentum")
+    train.add_argument("--weight-decay", type=float, default=5e-4, help="not on BatchNorm and bias parameters")
+    train.add_argument("--label-smoothing", type=cli.fraction, default=0.0, help="of the training loss")
+    horovod = parser.add_argument_group("Horovod")
+    horovod.add_argument("--batches-per-allreduce", type=cli.positive_int, default=1,
+                         help="backward passes (of --batch-size each) accumulated locally per allreduce")
+    horovod.add_argument("--fp16-allreduce", action="store_true", help="send gradients as fp16")
+    horovod.add_argument("--use-adasum", action="store_true",
+                         help="combine updates with Adasum instead of averaging gradients (needs MPI)")
+    horovod.add_argument("--gradient-predivide-factor", type=cli.positive_float, default=1.0,
+                         help="divide gradients by this before the sum and by size/factor after")
     device = parser.add_argument_group("device")
     device.add_argument("--cpu", action="store_true", help="ignore GPUs")
-    device.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="mixed precision (default: on with CUDA)")
-    device.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                        help="NHWC memory layout (default: on with CUDA)")
-    device.add_argument("--threads", type=cli.positive_int, help="CPU threads per rank (default: cores / ranks per node)")
+    device.add_argument("--amp", action=flag, help="mixed precision; unset (%(default)s): on with CUDA")
+    device.add_argument("--channels-last", action=flag, help="NHWC layout; unset (%(default)s): on with CUDA")
+    device.add_argument("--threads", type=cli.positive_int,
+                        help="CPU threads per rank; unset (%(default)s): cores / ranks on the node")
     out = parser.add_argument_group("output and checkpoints")
-    out.add_argument("--output-dir", default="runs/cnn")
-    out.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                     help="continue from the newest checkpoint in --output-dir; --no-resume starts over and "
-                          "deletes that directory's earlier checkpoints and metrics")
+    out.add_argument("--output-dir", default="runs/cnn", help="checkpoints, metrics.jsonl, results.json")
+    out.add_argument("--resume", action=flag, default=True,
+                     help="continue from the newest checkpoint in --output-dir; --no-resume starts over "
+                          "and deletes that directory's earlier checkpoints and metrics")
     out.add_argument("--checkpoint-every", type=cli.non_negative_int, default=0,
                      help="also checkpoint every N steps (0: at epoch ends only)")
-    out.add_argument("--keep-checkpoints", type=cli.positive_int, default=3, help="newest checkpoints kept (plus best.pt)")
-    out.add_argument("--seed", type=int, default=42)
+    out.add_argument("--keep-checkpoints", type=cli.positive_int, default=3,
+                     help="newest checkpoints kept (plus best.pt)")
+    out.add_argument("--seed", type=int, default=42, help="initialisation, data order, augmentation")
     return parser.parse_args(argv)
 
 
@@ -219,7 +224,8 @@ def build_trainer(args, ctx, num_classes, channels, steps_per_epoch):
     model = resnet.build(args.model, num_classes, channels)
     if args.sync_bn:
         model = to_sync_batchnorm(model)
-    model = model.to(ctx.device, memory_format=torch.channels_last if args.channels_last else torch.preserve_format)
+    layout = torch.channels_last if args.channels_last else torch.preserve_format
+    model = model.to(ctx.device, memory_format=layout)
     passes = args.batches_per_allreduce
     # Horovod: the global batch grows with the workers, so does the LR (Goyal et al.).
     # Adasum adapts to the gradients itself; as in Horovod's ImageNet example it
@@ -359,9 +365,9 @@ def main():
 
     log = RunLog(ctx, args.output_dir, total_steps)
     log.info(f"{args.model} on {args.dataset}: {len(train_set)} train / {len(val_set)} val images, "
-             f"{num_classes} classes; {ctx.size} workers x batch {step_batch} = global batch "
-             f"{ctx.size * step_batch}; lr {args.scaled_lr:g}; {steps_per_epoch} steps/epoch; "
-             f"device {ctx.device.type}, amp {'on' if args.amp else 'off'}"
+             f"{num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
+             f"{step_batch} = global batch {ctx.size * step_batch}; lr {args.scaled_lr:g}; "
+             f"{steps_per_epoch} steps/epoch; device {ctx.device.type}, amp {'on' if args.amp else 'off'}"
              + (f"; resuming at epoch {progress.epoch} batch {progress.batch} (step {progress.step})"
                 if progress.step else ""))
     started = time.perf_counter()
