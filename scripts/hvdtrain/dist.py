@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 
-from .cli import UsageError
+from . import cli
 
 # A rank that freezes (alive but silent) would otherwise hang the job forever:
 # Horovod's stall check only warns unless a shutdown time is set, and with the
@@ -121,24 +121,15 @@ def seed_everything(seed):
 
 
 def agree_on_errors(check, *args, **kwargs):
-    """Run ``check`` on every rank; if any rank raised UsageError, all ranks raise it.
+    """``cli.agree_on_errors`` over Horovod: all ranks exit with the same one-line error."""
+    return cli.agree_on_errors(_allgather_verdicts, check, *args, **kwargs)
 
-    Without this, a rank that finds bad input exits while the others wait in
-    their first allreduce; here every rank leaves with the same one-line error.
-    """
-    message, result = None, None
-    try:
-        result = check(*args, **kwargs)
-    except UsageError as error:
-        message = str(error)
+
+def _allgather_verdicts(message):
     # Horovod: every rank's verdict. The name must be explicit: allgather_object
     # defaults it to the object's type, so None on one rank and a message on
     # another would be two different collectives and both ranks would wait forever.
-    messages = hvd.allgather_object(message, name="agree_on_errors")
-    first = next((m for m in messages if m is not None), None)
-    if first is not None:
-        raise UsageError(first, on_every_rank=True)
-    return result
+    return hvd.allgather_object(message, name="agree_on_errors")
 
 
 def all_ranks_true(flag):

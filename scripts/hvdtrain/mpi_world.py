@@ -7,7 +7,7 @@ mpi4py is imported only when a launcher started several ranks, so a plain
 """
 import os
 
-from .cli import UsageError
+from .cli import UsageError, agree_on_errors
 
 # Set by Open MPI's mpirun, MPICH/Intel MPI (PMI) and srun with PMI/PMIx.
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
@@ -56,12 +56,4 @@ class World:
 
     def agree_on_errors(self, check, *args, **kwargs):
         """Run ``check`` on every rank; a UsageError on any rank is raised on all of them."""
-        message, result = None, None
-        try:
-            result = check(*args, **kwargs)
-        except UsageError as error:
-            message = str(error)
-        first = next((m for m in self.allgather(message) if m is not None), None)
-        if first is not None:
-            raise UsageError(first, on_every_rank=True)
-        return result
+        return agree_on_errors(self.allgather, check, *args, **kwargs)
