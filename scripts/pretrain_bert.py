@@ -323,7 +323,8 @@ def main(argv=None):
              f"{'fp32' if amp_dtype is None else amp_dtype}")
 
     last_step = min(args.steps, args.stop_after or args.steps)
-    meter, sequences, tokens = SumMeter(), Throughput(), Throughput()
+    meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
+    sequences, tokens = Throughput(), Throughput()
     start_time, stopped = time.time(), False
     model.train()
     while position["step"] < last_step and not stopped:

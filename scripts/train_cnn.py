@@ -192,9 +192,7 @@ class Trainer:
     def evaluate(self, loader, beat):
         """Loss, top-1, top-5 over every validation sample exactly once."""
         self.model.eval()
-        meter = SumMeter()
-        for name in ("val_loss", "val_top1", "val_top5"):
-            meter.add(name, 0.0, 0)  # a rank without samples still joins the allreduce
+        meter = SumMeter("val_loss", "val_top1", "val_top5")
         for images_batch, targets in loader:
             images_batch, targets = self.to_device(images_batch, targets)
             with self.autocast():
@@ -310,8 +308,7 @@ def train_epoch(args, ctx, trainer, train_data, progress, total_steps, stop_requ
     train_set, sampler, loader = train_data
     train_set.set_epoch(progress.epoch)  # the augmentation key; workers copy it at iter()
     sampler.set_epoch(progress.epoch, progress.batch)
-    meter = SumMeter()
-    meter.add("train_loss", 0.0, 0), meter.add("train_top1", 0.0, 0)
+    meter = SumMeter("train_loss", "train_top1")
     for images_batch, targets in loader:
         trainer.train_step(images_batch, targets, meter)
         ctx.watchdog.beat()  # progress: the stall watchdog must not fire

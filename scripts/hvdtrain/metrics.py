@@ -10,11 +10,16 @@ import horovod.torch as hvd
 
 
 class SumMeter:
-    """Sums of named quantities with their sample counts, reducible across ranks."""
+    """Sums of named quantities with their sample counts, reducible across ranks.
 
-    def __init__(self):
-        self.sums = {}
-        self.counts = {}
+    Name the quantities up front (``SumMeter("loss", "top1")``): a rank that saw
+    no samples then still joins the allreduce with zeros instead of leaving the
+    other ranks waiting for a tensor it never sends.
+    """
+
+    def __init__(self, *names):
+        self.names = names
+        self.reset()
 
     def add(self, name, total, count):
         """Add ``total`` (a sum over ``count`` samples) to ``name``."""
@@ -34,8 +39,8 @@ class SumMeter:
         return {n: (s / c if c else float("nan")) for n, (s, c) in zip(names, total.tolist())}
 
     def reset(self):
-        self.sums.clear()
-        self.counts.clear()
+        self.sums = {name: 0.0 for name in self.names}
+        self.counts = {name: 0 for name in self.names}
 
 
 def topk_correct(logits, targets, ks=(1, 5)):
@@ -57,7 +62,8 @@ class Throughput:
         self.warmup_steps = warmup_steps
         self.steps = 0
         self.samples = 0
-        self.start = None
+        # Without warm-up, time from now: the first step counts too.
+        self.start = time.perf_counter() if warmup_steps == 0 else None
 
     def step(self, samples):
         self.steps += 1
