@@ -1,4 +1,5 @@
 """Shared fixtures. Under CI=true a missing component fails; elsewhere it skips."""
+import importlib
 import os
 import shutil
 import sys
@@ -27,14 +28,18 @@ def require_program(name, install_hint):
             f"`{name}`", install_hint)
 
 
+def require_module(name, install_hint="run `make setup`"):
+    try:
+        importlib.import_module(name)
+        found = True
+    except ImportError:
+        found = False
+    require(found, name, install_hint)
+
+
 @pytest.fixture
 def need_horovod():
-    try:
-        import horovod.torch  # noqa: F401
-        ok = True
-    except ImportError:
-        ok = False
-    require(ok, "horovod.torch", "run `make setup`")
+    require_module("horovod.torch")
     require_program("horovodrun", "run `make setup`")
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import require
+from conftest import require_module
 from launch import SCRIPTS, horovodrun, launch, python
 
 PREPARE = SCRIPTS / "prepare_bert_data.py"
@@ -24,12 +24,7 @@ TINY_RUN = ["--model", "tiny", "--batch-size", "16", "--log-every", "10"]
 
 
 def need_mpi4py():
-    try:
-        import mpi4py  # noqa: F401
-        ok = True
-    except ImportError:
-        ok = False
-    require(ok, "mpi4py", "run `make setup`")
+    require_module("mpi4py")
 
 
 def ok(run):
