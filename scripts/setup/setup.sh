@@ -16,6 +16,7 @@ PATCH=scripts/setup/horovod-0.28.1-torch-cxx17.patch
 WHEEL_CACHE=${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-training-scripts/wheels}
 HOROVOD_VERSION=$(sed -n 's/^horovod==\([0-9.]*\).*/\1/p' requirements.txt)
 TORCH_REQUIREMENT=$(grep -E '^torch[=<>~ ]' requirements.txt)
+NUMPY_REQUIREMENT=$(grep -E '^numpy[=<>~ ]' requirements.txt)
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -138,8 +139,8 @@ install_requirements() {
         say "requirements already installed"
         return 0
     fi
-    # torch first: the Horovod build needs it, and setuptools/wheel to build.
-    pip_quiet install setuptools wheel "$TORCH_REQUIREMENT"
+    # torch (with numpy) first: the Horovod build imports it; setuptools/wheel build it.
+    pip_quiet install setuptools wheel "$NUMPY_REQUIREMENT" "$TORCH_REQUIREMENT"
     build_horovod_wheel
     pip_quiet install --find-links "$FIND_LINKS" -r requirements.txt
     "$VENV/bin/python" -c 'import horovod.torch' || die "horovod.torch does not import after install"
