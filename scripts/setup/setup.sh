@@ -47,7 +47,7 @@ install_system_packages() {
     say "apt-get install ${missing[*]} ${test_missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" "${test_missing[@]}" >/dev/null
+    apt-get install -y -qq "${missing[@]}" "${test_missing[@]}" >/dev/null
 }
 
 create_venv() {
