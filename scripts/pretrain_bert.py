@@ -19,7 +19,6 @@ same --output-dir resumes at the same step and sample.
 """
 import argparse
 import math
-import shutil
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -175,23 +174,12 @@ def restore(args, ctx, metadata, model, optimizer, scheduler, scaler, init):
     """The run's position {step, epoch, step_in_epoch, initial_mlm_loss, last_row} after a resume or start."""
     output = args.output_dir
     if not args.resume and ctx.is_main:
-        for stale in [*checkpoint.checkpoint_paths(output), output / "metrics.jsonl", output / "results.json"]:
-            stale.unlink(missing_ok=True)
-        shutil.rmtree(output / "tensorboard", ignore_errors=True)
+        checkpoint.clear_run_outputs(output)
     state = checkpoint.restore_on_all_ranks(ctx, output, enabled=args.resume)
     position = {"step": 0, "epoch": 0, "step_in_epoch": 0, "initial_mlm_loss": None, "last_row": {}}
     if state is not None:
         dist.agree_on_errors(check_resumable, args, state, metadata, model)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if state["scaler"]:
-            scaler.load_state_dict(state["scaler"])
-        if len(state["rng"]) == ctx.size:
-            dist.set_rng_state(state["rng"][ctx.rank])
-        else:
-            ctx.print0(f"note: checkpoint written by {len(state['rng'])} ranks, now {ctx.size}: "
-                       "data order and dropout will differ from an uninterrupted run")
+        checkpoint.load_training_state(ctx, state, model, optimizer, scheduler, scaler)
         position = {key: state[key] for key in position}
         ctx.print0(f"resumed from {output} at step {state['step']}")
     elif init is not None:
@@ -228,14 +216,12 @@ def load_init_weights(args, model, init):
 
 def save_checkpoint(args, ctx, metadata, model, optimizer, scheduler, scaler, position):
     """Collective (every rank's RNG state is gathered); rank 0 writes."""
-    rng = dist.gather_rng_states()
+    state = checkpoint.training_state(
+        model, optimizer, scheduler, scaler, **position, bert_config=model.config.to_dict(),
+        vocab_sha256=metadata["vocab_sha256"], max_seq_length=metadata["max_seq_length"],
+        total_steps=args.steps, batch_size=args.batch_size,
+        accumulation_steps=args.accumulation_steps, world_size=ctx.size)
     if ctx.is_main:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng,
-                 **position, "bert_config": model.config.to_dict(),
-                 "vocab_sha256": metadata["vocab_sha256"], "max_seq_length": metadata["max_seq_length"],
-                 "total_steps": args.steps, "batch_size": args.batch_size,
-                 "accumulation_steps": args.accumulation_steps, "world_size": ctx.size}
         checkpoint.save(state, args.output_dir, position["step"], args.keep_checkpoints)
 
 

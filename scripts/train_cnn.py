@@ -11,7 +11,6 @@ so N workers with batch b train like one worker with batch N*b. Checkpoints hold
 everything needed to continue at the exact next batch (see --resume).
 """
 import argparse
-import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -265,10 +264,7 @@ def restore(args, ctx, trainer):
     """Progress from the newest checkpoint in --output-dir, or a fresh start."""
     output = Path(args.output_dir)
     if not args.resume and ctx.is_main:
-        for stale in [*checkpoint.checkpoint_paths(output), output / "best.pt",
-                      output / "metrics.jsonl", output / "results.json"]:
-            stale.unlink(missing_ok=True)
-        shutil.rmtree(output / "tensorboard", ignore_errors=True)
+        checkpoint.clear_run_outputs(output)
     state = checkpoint.restore_on_all_ranks(ctx, output, enabled=args.resume)
     progress = Progress()
     if state is not None:
@@ -278,12 +274,8 @@ def restore(args, ctx, trainer):
                 raise UsageError(f"cannot resume from {output}: it was written with {key}={saved[key]}, "
                                  f"not {vars(args)[key]} (use the same setting or --no-resume)",
                                  on_every_rank=True)
-        trainer.model.load_state_dict(state["model"])
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        trainer.scheduler.load_state_dict(state["scheduler"])
-        if state["scaler"]:
-            trainer.scaler.load_state_dict(state["scaler"])
-        dist.set_rng_state(state["rng"][ctx.rank])
+        checkpoint.load_training_state(ctx, state, trainer.model, trainer.optimizer,
+                                       trainer.scheduler, trainer.scaler)
         progress = Progress(**{f.name: state[f.name] for f in fields(Progress)})
     # Horovod: every rank starts from rank 0's weights, buffers and optimizer state.
     # (Sent as a state dict: hvd.broadcast_optimizer_state would take a zero-gradient
@@ -295,11 +287,9 @@ def restore(args, ctx, trainer):
 
 def save_checkpoint(args, ctx, trainer, progress, is_best=False):
     """Collective (every rank's RNG state is gathered); rank 0 writes."""
-    rng = dist.gather_rng_states()
+    state = checkpoint.training_state(trainer.model, trainer.optimizer, trainer.scheduler,
+                                      trainer.scaler, args=vars(args), **asdict(progress))
     if ctx.is_main:
-        state = {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-                 "scheduler": trainer.scheduler.state_dict(), "scaler": trainer.scaler.state_dict(),
-                 "rng": rng, "args": vars(args), **asdict(progress)}
         checkpoint.save(state, args.output_dir, progress.step, args.keep_checkpoints, is_best)
 
 

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import h5py
-import numpy as np
 import pytest
 import torch
 
@@ -135,7 +134,7 @@ def test_resume_is_bit_exact(small_static_data, tmp_path):
     common = [PRETRAIN, "--data", small_static_data, "--model", "tiny", "--batch-size", "4",
               "--accumulation-steps", "2", "--steps", "8", "--log-every", "1", "--checkpoint-every", "0"]
     ok(horovodrun(2, [*common, "--output-dir", tmp_path / "whole"], timeout=180))
-    first = ok(horovodrun(2, [*common, "--output-dir", tmp_path / "parts", "--stop-after", "3"], timeout=180))
+    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "parts", "--stop-after", "3"], timeout=180))
     assert results(tmp_path / "parts")["completed"] is False
     second = ok(horovodrun(2, [*common, "--output-dir", tmp_path / "parts"], timeout=180))
     assert "resumed from" in second.output and "at step 3" in second.output, second.describe()

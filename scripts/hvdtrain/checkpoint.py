@@ -7,6 +7,7 @@ kept, plus ``best.pt`` when the caller marks one as best.
 """
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -62,6 +63,45 @@ def save(state, directory, step, keep, is_best=False):
     for old in checkpoint_paths(directory)[keep:]:
         old.unlink(missing_ok=True)
     return path
+
+
+def training_state(model, optimizer, scheduler, scaler, **extra):
+    """Everything an exact resume needs, plus ``extra`` (position, settings).
+
+    Collective: every rank's RNG state is gathered, so call it on every rank;
+    rank 0 then saves the result.
+    """
+    rng = dist.gather_rng_states()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+            "rng": rng, **extra}
+
+
+def load_training_state(ctx, state, model, optimizer, scheduler, scaler):
+    """Put a ``training_state`` back, this rank's RNG included."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if state["scaler"]:
+        scaler.load_state_dict(state["scaler"])
+    if len(state["rng"]) == ctx.size:
+        dist.set_rng_state(state["rng"][ctx.rank])
+    else:
+        ctx.print0(f"note: checkpoint written by {len(state['rng'])} ranks, now {ctx.size}: "
+                   "data order and dropout will differ from an uninterrupted run")
+
+
+def clear_run_outputs(directory):
+    """Remove an earlier run's checkpoints and metrics (--no-resume, rank 0).
+
+    Otherwise its higher-numbered checkpoints would outrank the new run's and
+    be kept while the new ones are pruned.
+    """
+    directory = Path(directory)
+    for stale in [*checkpoint_paths(directory), directory / "best.pt",
+                  directory / "metrics.jsonl", directory / "results.json"]:
+        stale.unlink(missing_ok=True)
+    shutil.rmtree(directory / "tensorboard", ignore_errors=True)
 
 
 def load(path):
