@@ -205,22 +205,10 @@ class Trainer:
         return meter.reduce("val")
 
 
-def to_sync_batchnorm(module):
-    """Horovod: replace every BatchNorm2d with hvd.SyncBatchNorm, keeping its state."""
-    if isinstance(module, nn.BatchNorm2d):
-        synced = hvd.SyncBatchNorm(module.num_features, module.eps, module.momentum,
-                                   module.affine, module.track_running_stats)
-        synced.load_state_dict(module.state_dict())
-        return synced
-    for name, child in module.named_children():
-        setattr(module, name, to_sync_batchnorm(child))
-    return module
-
-
 def build_trainer(args, ctx, num_classes, channels, steps_per_epoch):
     model = resnet.build(args.model, num_classes, channels)
     if args.sync_bn:
-        model = to_sync_batchnorm(model)
+        model = dist.to_sync_batchnorm(model)  # Horovod: statistics over the global batch
     layout = torch.channels_last if args.channels_last else torch.preserve_format
     model = model.to(ctx.device, memory_format=layout)
     passes = args.batches_per_allreduce

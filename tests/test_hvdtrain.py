@@ -98,3 +98,21 @@ def test_schedule_warms_up_linearly_then_decays_to_zero():
     assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert rates[4] == pytest.approx(1.0) and rates[-1] < 0.05
     assert all(a >= b for a, b in zip(rates[4:], rates[5:]))
+
+
+def test_sync_batchnorm_conversion_keeps_every_statistic():
+    import horovod.torch as hvd
+    from hvdtrain.models import resnet
+
+    model = resnet.build("resnet20", 10, 1)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.uniform_()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    converted = dist.to_sync_batchnorm(model)
+    kinds = {type(m) for m in converted.modules()}
+    assert hvd.SyncBatchNorm in kinds and torch.nn.BatchNorm2d not in kinds
+    after = converted.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)

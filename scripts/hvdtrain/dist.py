@@ -113,6 +113,21 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
                    watchdog=Watchdog(watchdog_seconds, hvd.rank()))
 
 
+def to_sync_batchnorm(module):
+    """Horovod: replace every BatchNorm2d with hvd.SyncBatchNorm, keeping its state.
+
+    Horovod has no convert_sync_batchnorm; its SyncBatchNorm runs on CUDA only.
+    """
+    if isinstance(module, torch.nn.BatchNorm2d):
+        synced = hvd.SyncBatchNorm(module.num_features, module.eps, module.momentum,
+                                   module.affine, module.track_running_stats)
+        synced.load_state_dict(module.state_dict())
+        return synced
+    for name, child in module.named_children():
+        setattr(module, name, to_sync_batchnorm(child))
+    return module
+
+
 def seed_everything(seed):
     """Seed Python, NumPy and torch the same way on every rank."""
     random.seed(seed)
