@@ -17,19 +17,20 @@ ranks). --steps is the whole schedule (warmup + polynomial decay);
 changing the schedule, exactly like SIGTERM/SIGUSR1 do. Relaunching with the
 same --output-dir resumes at the same step and sample.
 """
-import argparse
 import math
-import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import horovod.torch as hvd
 
 from hvdtrain import bert_data, bert_models, checkpoint, cli, dist, optim
+from hvdtrain import run as run_skeleton
 from hvdtrain.cli import UsageError
 from hvdtrain.metrics import SumMeter, Throughput, total_throughput
-from hvdtrain.runlog import RunLog
+from hvdtrain.run import Run, TrainState
+from hvdtrain.settings import Settings
 from hvdtrain.signals import StopRequest
 
 
@@ -50,11 +51,7 @@ def parse_args(argv=None):
                        help="phase 2: start from these weights (a checkpoint or its directory), new step counter")
     train = parser.add_argument_group("optimisation")
     train.add_argument("--steps", type=cli.positive_int, default=200, help="optimizer steps in the schedule")
-    train.add_argument("--stop-after", type=cli.positive_int, metavar="STEP",
-                       help="checkpoint and exit 0 after this step; relaunch to continue")
     train.add_argument("--batch-size", type=cli.positive_int, default=16, help="sequences per rank per micro-batch")
-    train.add_argument("--accumulation-steps", type=cli.positive_int, default=1,
-                       help="micro-batches per update (one allreduce per update)")
     train.add_argument("--optimizer", choices=("lamb", "adamw"), default="lamb")
     train.add_argument("--lr", type=cli.positive_float,
                        help="peak learning rate (default: 6e-3 for LAMB as NVIDIA's phase 1, 1e-3 for AdamW)")
@@ -62,21 +59,12 @@ def parse_args(argv=None):
     train.add_argument("--poly-power", type=float, default=0.5, help="decay: lr * (1 - progress) ** power (NVIDIA: 0.5)")
     train.add_argument("--weight-decay", type=float, default=0.01, help="not applied to biases and LayerNorm")
     train.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the global norm; 0 turns it off")
-    train.add_argument("--seed", type=cli.non_negative_int, default=42)
-    device = parser.add_argument_group("device and Horovod")
+    device = run_skeleton.add_run_arguments(parser, output_dir="runs/bert", checkpoint_every=100)
     device.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
                         help="autocast dtype; auto: bf16 on CUDA when supported, else fp32")
     device.add_argument("--compile", action="store_true", help="torch.compile the encoder")
-    device.add_argument("--fp16-allreduce", action="store_true", help="Horovod: compress gradients to fp16")
-    device.add_argument("--cpu", action="store_true", help="ignore GPUs")
-    device.add_argument("--threads", type=cli.positive_int, help="CPU threads per rank")
     out = parser.add_argument_group("output")
-    out.add_argument("--output-dir", type=Path, default=Path("runs/bert"))
     out.add_argument("--export-dir", type=Path, help="Hugging Face model directory (default: OUTPUT_DIR/model)")
-    out.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                     help="continue from the newest checkpoint in --output-dir")
-    out.add_argument("--checkpoint-every", type=cli.non_negative_int, default=100, help="steps; 0: only at the end")
-    out.add_argument("--keep-checkpoints", type=cli.positive_int, default=3)
     out.add_argument("--log-every", type=cli.positive_int, default=10)
     args = parser.parse_args(argv)
     args.export_dir = args.export_dir or args.output_dir / "model"
@@ -105,7 +93,7 @@ def load_setup(args, ctx):
     init = None
     if args.init_checkpoint is not None:
         init = checkpoint.load_init_checkpoint(args.init_checkpoint)
-        if not isinstance(init, dict) or not {"model", "bert_config", "step"} <= set(init):
+        if not {"model", "bert_config", "train_state"} <= set(init):
             raise UsageError(f"--init-checkpoint {args.init_checkpoint} is not a pretrain_bert.py checkpoint")
         check_vocabulary(init, metadata, f"--init-checkpoint {args.init_checkpoint}")
     config = model_config(args, metadata, init)
@@ -170,41 +158,6 @@ def build_optimizer(args, model):
     return optimizer, scheduler
 
 
-def restore(args, ctx, metadata, model, optimizer, scheduler, scaler, init):
-    """The run's position {step, epoch, step_in_epoch, initial_mlm_loss, last_row} after a resume or start."""
-    output = args.output_dir
-    if not args.resume and ctx.is_main:
-        checkpoint.clear_run_outputs(output)
-    state = checkpoint.restore_on_all_ranks(ctx, output, enabled=args.resume)
-    position = {"step": 0, "epoch": 0, "step_in_epoch": 0, "initial_mlm_loss": None, "last_row": {}}
-    if state is not None:
-        dist.agree_on_errors(check_resumable, args, state, metadata, model)
-        checkpoint.load_training_state(ctx, state, model, optimizer, scheduler, scaler)
-        position = {key: state[key] for key in position}
-        ctx.print0(f"resumed from {output} at step {state['step']}")
-    elif init is not None:
-        # Phase 2: the weights only; optimizer, schedule and step counter start afresh.
-        dist.agree_on_errors(load_init_weights, args, model, init)
-        ctx.print0(f"initialised from {args.init_checkpoint} (its step {init['step']})")
-    # Horovod: every rank starts from rank 0's weights and optimizer state (sent as a
-    # state dict: hvd.broadcast_optimizer_state would step with zero gradients first).
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    optim.broadcast_optimizer_state(optimizer, root_rank=0)
-    return position
-
-
-def check_resumable(args, state, metadata, model):
-    check_vocabulary(state, metadata, f"the checkpoint in {args.output_dir}")
-    expected = {"max_seq_length": metadata["max_seq_length"], "total_steps": args.steps,
-                "batch_size": args.batch_size, "accumulation_steps": args.accumulation_steps}
-    differ = [f"{key} {state[key]} (now {value})" for key, value in expected.items() if state[key] != value]
-    if not bert_models.same_architecture(state["bert_config"], model.config):
-        differ.append("the model configuration (--model/--config)")
-    if differ:
-        raise UsageError(f"cannot resume from {args.output_dir}: it was written with {', '.join(differ)}; "
-                         "use the same settings, another --output-dir, or --no-resume")
-
-
 def load_init_weights(args, model, init):
     try:
         model.load_state_dict(init["model"])
@@ -212,17 +165,6 @@ def load_init_weights(args, model, init):
         first = str(error).strip().splitlines()[1:2] or [""]
         raise UsageError(f"--init-checkpoint {args.init_checkpoint} does not fit this model: "
                          f"{first[0].strip()}") from None
-
-
-def save_checkpoint(args, ctx, metadata, model, optimizer, scheduler, scaler, position):
-    """Collective (every rank's RNG state is gathered); rank 0 writes."""
-    state = checkpoint.training_state(
-        model, optimizer, scheduler, scaler, **position, bert_config=model.config.to_dict(),
-        vocab_sha256=metadata["vocab_sha256"], max_seq_length=metadata["max_seq_length"],
-        total_steps=args.steps, batch_size=args.batch_size,
-        accumulation_steps=args.accumulation_steps, world_size=ctx.size)
-    if ctx.is_main:
-        checkpoint.save(state, args.output_dir, position["step"], args.keep_checkpoints)
 
 
 def train_step(args, ctx, data, step_in_epoch, model, encoder, optimizer, scaler, amp_dtype, meter):
@@ -252,38 +194,45 @@ def train_step(args, ctx, data, step_in_epoch, model, encoder, optimizer, scaler
     return sequences, tokens
 
 
-def log_row(ctx, log, meter, step, epoch, lr, start_time):
+def log_row(run, meter, lr):
     values = meter.reduce("bert")  # Horovod: exact averages over every rank's tokens
     meter.reset()
-    row = {"step": step, "epoch": epoch, "lr": lr, **values,
-           "mlm_perplexity": math.exp(min(values["mlm_loss"], 50.0)),
-           "elapsed_s": round(time.time() - start_time, 2)}
-    log.record(row, step)
-    log.info(f"step {step:>6} | mlm loss {values['mlm_loss']:.4f} acc {values['mlm_accuracy']:.3f} | "
-             f"nsp loss {values['nsp_loss']:.4f} acc {values['nsp_accuracy']:.3f} | lr {lr:.3g}")
+    state = run.state
+    row = {"step": state.step, "epoch": state.epoch, "lr": lr, **values,
+           "mlm_perplexity": math.exp(min(values["mlm_loss"], 50.0))}
+    run.log.record(row, state.step)
+    run.log.info(f"step {state.step:>6} | mlm loss {values['mlm_loss']:.4f} acc {values['mlm_accuracy']:.3f} | "
+                 f"nsp loss {values['nsp_loss']:.4f} acc {values['nsp_accuracy']:.3f} | lr {lr:.3g}")
     return row
 
 
-def finish(args, ctx, log, position, sequences, tokens, completed, model, tokenizer):
-    """Throughput over every rank, results.json and (when training is complete) the export."""
-    seq_total, seq_per_worker = total_throughput(sequences.per_second())
-    tok_total, tok_per_worker = total_throughput(tokens.per_second())
-    last = position["last_row"]
-    results = {"steps": position["step"], "total_steps": args.steps, "completed": completed,
-               "world_size": ctx.size, "initial_mlm_loss": position["initial_mlm_loss"],
-               "final_mlm_loss": last.get("mlm_loss"), "mlm_accuracy": last.get("mlm_accuracy"),
-               "mlm_perplexity": last.get("mlm_perplexity"), "nsp_loss": last.get("nsp_loss"),
-               "nsp_accuracy": last.get("nsp_accuracy"), "sequences_per_sec": seq_total,
-               "sequences_per_sec_per_worker": seq_per_worker, "tokens_per_sec": tok_total,
-               "tokens_per_sec_per_worker": tok_per_worker, "global_batch":
-               args.batch_size * args.accumulation_steps * ctx.size}
-    if completed and ctx.is_main:
-        results["export_dir"] = str(bert_models.export(model, tokenizer, args.export_dir))
-        log.info(f"exported a Hugging Face model to {args.export_dir}")
-    log.results(results)
-    speed = (f"{seq_total:.1f} sequences/s, {tok_total:.0f} tokens/s" if seq_total
-             else "too few steps to time (the first 5 are warm-up)")
-    log.info(f"{'finished' if completed else 'stopped'} at step {position['step']}: {speed} on {ctx.size} rank(s)")
+def results(run, tokens):
+    seq_total, seq_per_worker = run.rates()
+    tok_total, tok_per_worker = total_throughput(tokens.launch_rate() or tokens.window_rate())
+    state, last, settings = run.state, run.state.last_row, run.settings
+    return {"steps": state.step, "total_steps": settings.steps, "world_size": run.ctx.size,
+            "initial_mlm_loss": state.initial_mlm_loss, "final_mlm_loss": last.get("mlm_loss"),
+            "mlm_accuracy": last.get("mlm_accuracy"), "mlm_perplexity": last.get("mlm_perplexity"),
+            "nsp_loss": last.get("nsp_loss"), "nsp_accuracy": last.get("nsp_accuracy"),
+            "sequences_per_sec": seq_total, "sequences_per_sec_per_worker": seq_per_worker,
+            "tokens_per_sec": tok_total, "tokens_per_sec_per_worker": tok_per_worker,
+            "global_batch": settings.batch_size * settings.accumulation_steps * run.ctx.size}
+
+
+@dataclass
+class BertState(TrainState):
+    initial_mlm_loss: float = None
+
+
+def resolved_settings(args, ctx, metadata, config, amp_dtype):
+    """Everything that decides what the run computes, frozen (and compared on resume)."""
+    architecture = {key: getattr(config, key) for key in bert_models.ARCHITECTURE_KEYS}
+    precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype]
+    return Settings({**vars(args), "precision": precision, "world_size": ctx.size,
+                     "architecture": architecture, "vocab_sha256": metadata["vocab_sha256"],
+                     "max_seq_length": metadata["max_seq_length"], "num_instances": metadata["num_instances"],
+                     "model": args.model or ("base" if args.config is None and args.init_checkpoint is None
+                                             else None)})
 
 
 def main(argv=None):
@@ -293,56 +242,76 @@ def main(argv=None):
     ctx = dist.init(use_cuda=not args.cpu, threads=args.threads)  # Horovod: hvd.init(), device, threads
     metadata, config, init = dist.agree_on_errors(load_setup, args, ctx)
     amp_dtype, use_scaler = dist.agree_on_errors(autocast_settings, args, ctx)
-    dist.seed_everything(args.seed)  # the same initial weights on every rank
+    settings = resolved_settings(args, ctx, metadata, config, amp_dtype)
+    dist.seed_everything(settings.seed)  # the same initial weights on every rank
     model = bert_models.build_model(config).to(ctx.device)
-    encoder = torch.compile(model.bert) if args.compile else model.bert
-    optimizer, scheduler = build_optimizer(args, model)
+    encoder = torch.compile(model.bert) if settings.compile else model.bert
+    optimizer, scheduler = build_optimizer(settings, model)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_scaler)
-    dist.seed_everything(args.seed + 1 + ctx.rank)  # own dropout masks per rank (a resume restores them)
-    position = restore(args, ctx, metadata, model, optimizer, scheduler, scaler, init)
-    data = bert_data.PretrainingData(args.data, metadata, ctx.rank, ctx.size, args.seed,
-                                     args.batch_size, args.accumulation_steps, args.mlm_probability)
-    log = RunLog(ctx, args.output_dir, args.steps)
-    log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "
-             f"seq {metadata['max_seq_length']}, {metadata['num_instances']} instances, {ctx.size} rank(s), "
-             f"global batch {args.batch_size * args.accumulation_steps * ctx.size}, {args.optimizer}, "
-             f"{'fp32' if amp_dtype is None else amp_dtype}")
-
-    last_step = min(args.steps, args.stop_after or args.steps)
+    dist.seed_everything(settings.seed + 1 + ctx.rank)  # own dropout masks per rank (a resume restores them)
+    if init is not None:  # phase 2: the weights only; a resume below replaces them
+        dist.agree_on_errors(load_init_weights, args, model, init)
     meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
-    sequences, tokens = Throughput(), Throughput()
-    start_time, stopped = time.time(), False
+    state = BertState()
+    run = Run(ctx, settings, state, {"model": model, "optimizer": optimizer, "scheduler": scheduler,
+                                     "scaler": scaler}, meter, settings.steps, stop_request,
+              extra={"bert_config": model.config.to_dict(), "vocab_sha256": metadata["vocab_sha256"]})
+    run.start()
+    if run.resumed:
+        ctx.print0(f"resumed from {settings.output_dir} at step {state.step}")
+    elif init is not None:
+        ctx.print0(f"initialised from {args.init_checkpoint} (its step {init['train_state']['step']})")
+    if state.step >= settings.steps:
+        return run.already_finished()
+    data = bert_data.PretrainingData(settings.data, metadata, ctx.rank, ctx.size, settings.seed,
+                                     settings.batch_size, settings.accumulation_steps, settings.mlm_probability)
+    run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "
+                 f"seq {metadata['max_seq_length']}, {metadata['num_instances']} instances, {ctx.size} rank(s), "
+                 f"global batch {settings.batch_size * settings.accumulation_steps * ctx.size}, "
+                 f"{settings.optimizer}, {settings.precision}")
+    tokens = Throughput()
     model.train()
-    while position["step"] < last_step and not stopped:
-        if position["step_in_epoch"] >= data.steps_in_epoch(position["epoch"]):
-            position["epoch"], position["step_in_epoch"] = position["epoch"] + 1, 0
+    while state.step < settings.steps:
+        if state.step_in_epoch >= data.steps_in_epoch(state.epoch):
+            state.next_epoch()
             continue
-        if data.epoch != position["epoch"]:
-            data.start_epoch(position["epoch"])
+        if data.epoch != state.epoch:
+            with ctx.watchdog.phase("loading this rank's shards"):
+                data.start_epoch(state.epoch)
         lr = scheduler.get_last_lr()[0]
-        done = train_step(args, ctx, data, position["step_in_epoch"], model, encoder, optimizer, scaler,
-                          amp_dtype, meter)
+        first_compiled = settings.compile and not tokens.steps
+        with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():
+            done = train_step(settings, ctx, data, state.step_in_epoch, model, encoder, optimizer, scaler,
+                              amp_dtype, meter)
         scheduler.step()
-        sequences.step(done[0])
         tokens.step(done[1])
-        position["step"] += 1
-        position["step_in_epoch"] += 1
-        step = position["step"]
-        ctx.watchdog.beat()  # progress: the stall watchdog must not fire
-        log.progress(step)
-        if step == 1 or step % args.log_every == 0 or step == last_step:
-            position["last_row"] = log_row(ctx, log, meter, step, position["epoch"], lr, start_time)
-            if step == 1:
-                position["initial_mlm_loss"] = position["last_row"]["mlm_loss"]
-        stopped = stop_request.should_stop()  # collective: every rank stops after the same step
-        if stopped or step == last_step or (args.checkpoint_every and step % args.checkpoint_every == 0):
-            save_checkpoint(args, ctx, metadata, model, optimizer, scheduler, scaler, position)
-    if stopped:
-        log.info(f"received {stop_request.received or 'a stop request on another rank'}: "
-                 f"checkpointed at step {position['step']}")
-    tokenizer = check_tokenizer(args.data, metadata) if ctx.is_main else None
-    finish(args, ctx, log, position, sequences, tokens, position["step"] >= args.steps, model, tokenizer)
-    log.close()
+        reason = run.step_done(done[0])
+        if state.step == 1 or state.step % settings.log_every == 0 or state.step == settings.steps:
+            state.last_row = log_row(run, meter, lr)
+            if state.step == 1:
+                state.initial_mlm_loss = state.last_row["mlm_loss"]
+        if reason:
+            return run.stop(reason, results(run, tokens))
+        if settings.checkpoint_every and state.step % settings.checkpoint_every == 0 and state.step < settings.steps:
+            run.checkpoint()
+    run.checkpoint()
+    finish(run, tokens, model, metadata)
+
+
+def finish(run, tokens, model, metadata):
+    """results.json and the Hugging Face export of the trained model."""
+    summary = {**results(run, tokens), "completed": True}
+    with run.ctx.watchdog.phase("exporting the model"):
+        if run.ctx.is_main:
+            tokenizer = check_tokenizer(run.settings.data, metadata)
+            summary["export_dir"] = str(bert_models.export(model, tokenizer, run.settings.export_dir))
+            run.log.info(f"exported a Hugging Face model to {run.settings.export_dir}")
+        dist.all_ranks_true(True)  # the other ranks wait here, inside the phase
+    run.write_results(summary)
+    speed = summary["sequences_per_sec"]
+    run.log.info(f"finished at step {run.state.step}: {speed:.1f} sequences/s, "
+                 f"{summary['tokens_per_sec']:.0f} tokens/s on {run.ctx.size} rank(s)")
+    run.log.close()
 
 
 if __name__ == "__main__":

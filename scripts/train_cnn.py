@@ -12,8 +12,7 @@ everything needed to continue at the exact next batch (see --resume).
 """
 import argparse
 import time
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -21,17 +20,15 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 import horovod.torch as hvd
 
-from hvdtrain import checkpoint, cli, dist, images, optim
+from hvdtrain import cli, dist, images, optim
+from hvdtrain import run as run_skeleton
 from hvdtrain.cli import UsageError
-from hvdtrain.metrics import SumMeter, Throughput, topk_correct, total_throughput
+from hvdtrain.metrics import SumMeter, topk_correct, total_throughput
 from hvdtrain.models import resnet
-from hvdtrain.runlog import RunLog
+from hvdtrain.run import Run, TrainState
 from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler
+from hvdtrain.settings import Settings
 from hvdtrain.signals import StopRequest
-
-# A signal is acted on within this many steps (an allreduce each time: on a busy
-# 2-core machine checking every step cost a quarter of the step time).
-SIGNAL_CHECK_STEPS = 10
 
 def parse_args(argv=None):
     parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -53,14 +50,13 @@ def parse_args(argv=None):
     model.add_argument("--model", default="resnet20", choices=sorted(resnet.MODELS),
                        help="resnet20/56: CIFAR-style; resnet18/50: ImageNet-style; convnet: no BatchNorm")
     model.add_argument("--sync-bn", action="store_true",
-                       help="Horovod SyncBatchNorm: statistics over the global batch (CUDA only)")
+                       help="Horovod SyncBatchNorm: statistics over the global batch (CUDA only); without it "
+                            "the ranks' BatchNorm statistics are averaged before evaluation and checkpoints")
     train = parser.add_argument_group("optimisation (defaults suit the digits data set)")
     train.add_argument("--epochs", type=cli.positive_int, default=8, help="length of the LR schedule")
-    train.add_argument("--max-steps", type=cli.positive_int,
-                       help="stop with a checkpoint after this many steps; the LR schedule still spans --epochs")
     train.add_argument("--batch-size", type=cli.positive_int, default=16, help="per worker and backward pass")
     train.add_argument("--lr", type=cli.positive_float, default=0.1,
-                       help="base LR per worker batch; used LR = lr x workers x batches-per-allreduce")
+                       help="base LR per worker batch; used LR = lr x workers x accumulation steps")
     train.add_argument("--warmup-epochs", type=float, default=1.0, help="linear warmup (Goyal et al. 2017)")
     train.add_argument("--lr-decay", default="cosine", choices=["cosine", "step"], help="after the warmup")
     train.add_argument("--lr-milestones", type=float, nargs="+", default=[30, 60, 80],
@@ -70,35 +66,21 @@ def parse_args(argv=None):
     train.add_argument("--nesterov", action=flag, default=True, help="Nesterov momentum")
     train.add_argument("--weight-decay", type=float, default=5e-4, help="not on BatchNorm and bias parameters")
     train.add_argument("--label-smoothing", type=cli.fraction, default=0.0, help="of the training loss")
-    horovod = parser.add_argument_group("Horovod")
-    horovod.add_argument("--batches-per-allreduce", type=cli.positive_int, default=1,
-                         help="backward passes (of --batch-size each) accumulated locally per allreduce")
-    horovod.add_argument("--fp16-allreduce", action="store_true", help="send gradients as fp16")
+    horovod = run_skeleton.add_run_arguments(parser, output_dir="runs/cnn", checkpoint_every=0)
     horovod.add_argument("--use-adasum", action="store_true",
                          help="combine updates with Adasum instead of averaging gradients (needs MPI)")
     horovod.add_argument("--gradient-predivide-factor", type=cli.positive_float, default=1.0,
                          help="divide gradients by this before the sum and by size/factor after")
-    device = parser.add_argument_group("device")
-    device.add_argument("--cpu", action="store_true", help="ignore GPUs")
-    device.add_argument("--amp", action=flag, help="mixed precision; unset (%(default)s): on with CUDA")
-    device.add_argument("--channels-last", action=flag, help="NHWC layout; unset (%(default)s): on with CUDA")
-    device.add_argument("--threads", type=cli.positive_int,
-                        help="CPU threads per rank; unset (%(default)s): cores / ranks on the node")
-    out = parser.add_argument_group("output and checkpoints")
-    out.add_argument("--output-dir", default="runs/cnn", help="checkpoints, metrics.jsonl, results.json")
-    out.add_argument("--resume", action=flag, default=True,
-                     help="continue from the newest checkpoint in --output-dir; --no-resume starts over "
-                          "and deletes that directory's earlier checkpoints and metrics")
-    out.add_argument("--checkpoint-every", type=cli.non_negative_int, default=0,
-                     help="also checkpoint every N steps (0: at epoch ends only)")
-    out.add_argument("--keep-checkpoints", type=cli.positive_int, default=3,
-                     help="newest checkpoints kept (plus best.pt)")
-    out.add_argument("--seed", type=int, default=42, help="initialisation, data order, augmentation")
+    horovod.add_argument("--amp", action=flag, help="mixed precision; unset (%(default)s): on with CUDA")
+    horovod.add_argument("--channels-last", action=flag, help="NHWC layout; unset (%(default)s): on with CUDA")
     return parser.parse_args(argv)
 
 
 def check_args(args, ctx):
-    """Flag combinations that cannot work; the same verdict on every rank."""
+    """Flag combinations that cannot work, and the defaults that depend on the device.
+
+    Returns the resolved values; the same verdict on every rank.
+    """
     if args.use_adasum and args.gradient_predivide_factor != 1.0:
         raise UsageError("--gradient-predivide-factor only applies to averaging, not --use-adasum")
     if args.dataset in ("digits", "synthetic") and args.data:
@@ -112,26 +94,26 @@ def check_args(args, ctx):
         raise UsageError("--use-adasum does not support --amp (GradScaler must see averaged gradients)")
     if args.sync_bn and not cuda:
         raise UsageError("--sync-bn needs CUDA: Horovod's SyncBatchNorm only runs on GPUs")
-    args.amp = cuda if args.amp is None else args.amp
-    args.channels_last = cuda if args.channels_last is None else args.channels_last
-    if args.workers is None:
-        args.workers = 4 if args.dataset == "imagefolder" else 0  # others are in memory
+    return {"amp": cuda if args.amp is None else args.amp,
+            "channels_last": cuda if args.channels_last is None else args.channels_last,
+            "workers": (4 if args.dataset == "imagefolder" else 0) if args.workers is None else args.workers}
 
 
 def load_data(args, ctx):
     """(train set, val set, classes, channels); run under agree_on_errors."""
-    data = images.load(args.dataset, args.data, args.image_size, args.seed, args.synthetic_samples,
-                       verify_share=(ctx.rank, ctx.size) if args.verify_images else None,
-                       on_file=ctx.watchdog.beat)
+    with ctx.watchdog.phase("scanning and verifying the images"):
+        data = images.load(args.dataset, args.data, args.image_size, args.seed, args.synthetic_samples,
+                           verify_share=(ctx.rank, ctx.size) if args.verify_images else None,
+                           on_file=ctx.watchdog.beat)
     train_set = data[0]
     shard = len(train_set) // ctx.size
     if shard == 0:
         raise UsageError(f"more workers than training samples: {ctx.size} workers, "
                          f"{len(train_set)} samples")
-    if shard < args.batch_size * args.batches_per_allreduce:
+    if shard < args.batch_size * args.accumulation_steps:
         raise UsageError(f"not enough training samples: {len(train_set)} samples over {ctx.size} workers "
                          f"leave {shard} per worker, fewer than one batch of "
-                         f"{args.batch_size * args.batches_per_allreduce}")
+                         f"{args.batch_size * args.accumulation_steps}")
     if args.workers > shard:
         raise UsageError(f"--workers {args.workers}: more DataLoader workers than the {shard} "
                          f"training samples each rank loads")
@@ -205,106 +187,85 @@ class Trainer:
         return meter.reduce("val")
 
 
-def build_trainer(args, ctx, num_classes, channels, steps_per_epoch):
-    model = resnet.build(args.model, num_classes, channels)
-    if args.sync_bn:
+def build_trainer(settings, ctx, num_classes, channels, steps_per_epoch):
+    model = resnet.build(settings.model, num_classes, channels)
+    if settings.sync_bn:
         model = dist.to_sync_batchnorm(model)  # Horovod: statistics over the global batch
-    layout = torch.channels_last if args.channels_last else torch.preserve_format
+    layout = torch.channels_last if settings.channels_last else torch.preserve_format
     model = model.to(ctx.device, memory_format=layout)
-    passes = args.batches_per_allreduce
-    # Horovod: the global batch grows with the workers, so does the LR (Goyal et al.).
-    # Adasum adapts to the gradients itself; as in Horovod's ImageNet example it
-    # scales by the local GPUs only, where NCCL sums them before Adasum runs.
-    if not args.use_adasum:
-        lr_scale = ctx.size * passes
-    else:
-        lr_scale = passes * ctx.local_size if ctx.device.type == "cuda" and hvd.nccl_built() else 1
-    args.scaled_lr = args.lr * lr_scale
-    optimizer = torch.optim.SGD(optim.decay_groups(model, args.weight_decay), lr=args.scaled_lr,
-                                momentum=args.momentum, nesterov=args.nesterov and args.momentum > 0)
+    optimizer = torch.optim.SGD(optim.decay_groups(model, settings.weight_decay), lr=settings.scaled_lr,
+                                momentum=settings.momentum,
+                                nesterov=settings.nesterov and settings.momentum > 0)
     # Horovod: allreduce gradients during backward, every `passes` backward calls.
+    passes = settings.accumulation_steps
     optimizer = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
-        compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
-        backward_passes_per_step=passes, op=hvd.Adasum if args.use_adasum else hvd.Average,
-        gradient_predivide_factor=args.gradient_predivide_factor)
+        compression=hvd.Compression.fp16 if settings.fp16_allreduce else hvd.Compression.none,
+        backward_passes_per_step=passes, op=hvd.Adasum if settings.use_adasum else hvd.Average,
+        gradient_predivide_factor=settings.gradient_predivide_factor)
     scheduler = optim.warmup_then_decay(
-        optimizer, round(args.warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch,
-        decay=args.lr_decay, milestones=[round(m * steps_per_epoch) for m in args.lr_milestones],
-        gamma=args.lr_gamma)
-    scaler = torch.amp.GradScaler(ctx.device.type, enabled=args.amp)
-    criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    return Trainer(model, optimizer, scheduler, scaler, criterion, ctx.device, args.amp,
-                   args.channels_last, passes, args.use_adasum)
+        optimizer, round(settings.warmup_epochs * steps_per_epoch), settings.epochs * steps_per_epoch,
+        decay=settings.lr_decay, milestones=[round(m * steps_per_epoch) for m in settings.lr_milestones],
+        gamma=settings.lr_gamma)
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=settings.amp)
+    criterion = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
+    return Trainer(model, optimizer, scheduler, scaler, criterion, ctx.device, settings.amp,
+                   settings.channels_last, passes, settings.use_adasum)
+
+
+def used_lr(args, ctx):
+    """Horovod: the global batch grows with the workers, so does the LR (Goyal et al.).
+
+    Adasum adapts to the gradients itself; as in Horovod's ImageNet example it
+    scales by the local GPUs only, where NCCL sums them before Adasum runs.
+    """
+    passes = args.accumulation_steps
+    if not args.use_adasum:
+        return args.lr * ctx.size * passes
+    local = ctx.local_size if ctx.device.type == "cuda" and hvd.nccl_built() else 1
+    return args.lr * passes * local
 
 
 @dataclass
-class Progress:
-    """Where training stands; part of every checkpoint."""
-    epoch: int = 0  # the epoch in progress
-    batch: int = 0  # batches of it already trained
-    step: int = 0  # optimizer steps in all
+class CnnState(TrainState):
     best_top1: float = 0.0
-    last_row: dict = field(default_factory=dict)  # the latest metrics.jsonl row
 
 
-def restore(args, ctx, trainer):
-    """Progress from the newest checkpoint in --output-dir, or a fresh start."""
-    output = Path(args.output_dir)
-    if not args.resume and ctx.is_main:
-        checkpoint.clear_run_outputs(output)
-    state = checkpoint.restore_on_all_ranks(ctx, output, enabled=args.resume)
-    progress = Progress()
-    if state is not None:
-        saved = state["args"]
-        for key in ("model", "dataset", "batch_size", "batches_per_allreduce", "world_size"):
-            if saved[key] != vars(args)[key]:
-                raise UsageError(f"cannot resume from {output}: it was written with {key}={saved[key]}, "
-                                 f"not {vars(args)[key]} (use the same setting or --no-resume)",
-                                 on_every_rank=True)
-        checkpoint.load_training_state(ctx, state, trainer.model, trainer.optimizer,
-                                       trainer.scheduler, trainer.scaler)
-        progress = Progress(**{f.name: state[f.name] for f in fields(Progress)})
-    # Horovod: every rank starts from rank 0's weights, buffers and optimizer state.
-    # (Sent as a state dict: hvd.broadcast_optimizer_state would take a zero-gradient
-    # step first, and weight decay would move the weights.)
-    hvd.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
-    optim.broadcast_optimizer_state(trainer.optimizer, root_rank=0)
-    return progress
-
-
-def save_checkpoint(args, ctx, trainer, progress, is_best=False):
-    """Collective (every rank's RNG state is gathered); rank 0 writes."""
-    state = checkpoint.training_state(trainer.model, trainer.optimizer, trainer.scheduler,
-                                      trainer.scaler, args=vars(args), **asdict(progress))
-    if ctx.is_main:
-        checkpoint.save(state, args.output_dir, progress.step, args.keep_checkpoints, is_best)
-
-
-def train_epoch(args, ctx, trainer, train_data, progress, total_steps, stop_request, log, timer):
-    """Train the rest of ``progress.epoch``; returns (why it stopped early or None, meter)."""
+def train_epoch(run, trainer, train_data, meter):
+    """Train the rest of the current epoch; returns why this launch must stop, or None."""
+    settings, state = run.settings, run.state
     train_set, sampler, loader = train_data
-    train_set.set_epoch(progress.epoch)  # the augmentation key; workers copy it at iter()
-    sampler.set_epoch(progress.epoch, progress.batch)
-    meter = SumMeter("train_loss", "train_top1")
-    for images_batch, targets in loader:
+    train_set.set_epoch(state.epoch)  # the augmentation key; workers copy it at iter()
+    sampler.set_epoch(state.epoch, state.step_in_epoch)
+    with run.ctx.watchdog.phase("starting the data loader"):  # worker processes import torch
+        batches = iter(loader)
+    for images_batch, targets in batches:
         trainer.train_step(images_batch, targets, meter)
-        ctx.watchdog.beat()  # progress: the stall watchdog must not fire
-        progress.step, progress.batch = progress.step + 1, progress.batch + 1
-        timer.step(len(targets))
-        log.progress(progress.step)
-        if progress.step >= total_steps:
-            return "max-steps", meter
-        # Collective, so every few steps only: all ranks stop after the same step.
-        if progress.step % SIGNAL_CHECK_STEPS == 0 and stop_request.should_stop():
-            # Horovod: name the signal and the rank that got it, whichever rank that was.
-            received = hvd.allgather_object(stop_request.received, name="stop_signal")
-            rank = next(r for r, name in enumerate(received) if name)
-            return f"{received[rank]} (rank {rank})", meter
-        if (args.checkpoint_every and progress.step % args.checkpoint_every == 0
-                and progress.batch < sampler.batches_per_epoch):
-            save_checkpoint(args, ctx, trainer, progress)
-    return None, meter
+        reason = run.step_done(len(targets))
+        if reason:
+            return reason
+        if (settings.checkpoint_every and state.step % settings.checkpoint_every == 0
+                and state.step_in_epoch < sampler.batches_per_epoch):
+            run.checkpoint()
+    return None
+
+
+def end_epoch(run, trainer, val_loader, meter, steps_per_epoch):
+    """Evaluate, append the epoch's row, checkpoint (best.pt too when it is the best)."""
+    state = run.state
+    total_rate, per_worker = total_throughput(run.throughput.window_rate())
+    dist.average_batchnorm_buffers(trainer.model)  # what is evaluated is what is saved
+    row = {"epoch": state.epoch + 1, "step": state.step, "lr": trainer.last_lr, **meter.reduce("train"),
+           **trainer.evaluate(val_loader, run.ctx.watchdog.beat), "images_per_sec": total_rate,
+           "images_per_sec_per_worker": per_worker,
+           "epoch_seconds": run.throughput.window_all[1]}
+    meter.reset()
+    state.next_epoch()
+    is_best = row["val_top1"] > state.best_top1
+    state.best_top1, state.last_row = max(state.best_top1, row["val_top1"]), row
+    run.log.record(row, state.step)  # before the checkpoint: a crash in between repeats the row once
+    run.checkpoint(is_best)
+    run.log.info(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
 
 
 def make_loader(dataset, sampler, batch_size, workers, pin_memory):
@@ -322,80 +283,64 @@ def main():
     dist.exit_quietly_on_interrupt()
     stop_request = StopRequest()
     ctx = dist.init(use_cuda=not args.cpu, threads=args.threads)  # Horovod: hvd.init() and device
-    dist.agree_on_errors(check_args, args, ctx)
-    args.world_size = ctx.size
+    vars(args).update(dist.agree_on_errors(check_args, args, ctx))
     dist.seed_everything(args.seed)
     train_set, val_set, num_classes, channels = dist.agree_on_errors(load_data, args, ctx)
+    settings = Settings({**vars(args), "world_size": ctx.size, "scaled_lr": used_lr(args, ctx),
+                         "train_samples": len(train_set), "num_classes": num_classes})
 
-    step_batch = args.batch_size * args.batches_per_allreduce
-    sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, step_batch, args.seed)
+    step_batch = settings.batch_size * settings.accumulation_steps
+    sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, step_batch, settings.seed)
     steps_per_epoch = sampler.batches_per_epoch
     cuda = ctx.device.type == "cuda"
-    train_loader = make_loader(train_set, sampler, step_batch, args.workers, cuda)
+    train_loader = make_loader(train_set, sampler, step_batch, settings.workers, cuda)
     val_loader = make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
-                             2 * args.batch_size, args.workers, cuda)
-    trainer = build_trainer(args, ctx, num_classes, channels, steps_per_epoch)
-    progress = restore(args, ctx, trainer)
-    total_steps = min(args.max_steps or 10**18, args.epochs * steps_per_epoch)
-
-    log = RunLog(ctx, args.output_dir, total_steps)
-    log.info(f"{args.model} on {args.dataset}: {len(train_set)} train / {len(val_set)} val images, "
-             f"{num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
-             f"{step_batch} = global batch {ctx.size * step_batch}; lr {args.scaled_lr:g}; "
-             f"{steps_per_epoch} steps/epoch; device {ctx.device.type}, amp {'on' if args.amp else 'off'}"
-             + (f"; resuming at epoch {progress.epoch} batch {progress.batch} (step {progress.step})"
-                if progress.step else ""))
+                             2 * settings.batch_size, settings.workers, cuda)
+    trainer = build_trainer(settings, ctx, num_classes, channels, steps_per_epoch)
+    meter = SumMeter("train_loss", "train_top1")
+    state = CnnState()
+    run = Run(ctx, settings, state, {"model": trainer.model, "optimizer": trainer.optimizer,
+                                     "scheduler": trainer.scheduler, "scaler": trainer.scaler},
+              meter, settings.epochs * steps_per_epoch, stop_request,
+              before_checkpoint=lambda: dist.average_batchnorm_buffers(trainer.model))
+    run.start()
+    if state.epoch >= settings.epochs:
+        return run.already_finished()
+    run.log.info(f"{settings.model} on {settings.dataset}: {len(train_set)} train / {len(val_set)} val images, "
+                 f"{num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
+                 f"{step_batch} = global batch {ctx.size * step_batch}; lr {settings.scaled_lr:g}; "
+                 f"{steps_per_epoch} steps/epoch; device {ctx.device.type}, amp {'on' if settings.amp else 'off'}"
+                 + (f"; resuming at epoch {state.epoch} batch {state.step_in_epoch} (step {state.step})"
+                    if run.resumed else ""))
     started = time.perf_counter()
-    timed = [0, 0.0]  # images and seconds this rank timed, over all epochs of this launch
-    while progress.epoch < args.epochs and progress.step < total_steps:
-        timer = Throughput(warmup_steps=1 if timed[1] else 5)  # first steps: allocation, negotiation
-        epoch_start = time.perf_counter()
-        stop, meter = train_epoch(args, ctx, trainer, (train_set, sampler, train_loader), progress,
-                                  total_steps, stop_request, log, timer)
-        rate = timer.per_second()
-        if rate:
-            timed[0] += timer.samples
-            timed[1] += timer.samples / rate
-        total_rate, per_worker = total_throughput(rate)
-        if stop not in (None, "max-steps"):
-            save_checkpoint(args, ctx, trainer, progress)
-            log.info(f"stopped by {stop} at step {progress.step}: checkpoint written to "
-                     f"{args.output_dir}; relaunch the same command to continue")
-            log.close()
-            return
-        row = {"epoch": round(progress.epoch + progress.batch / steps_per_epoch, 4),
-               "step": progress.step, "lr": trainer.last_lr, **meter.reduce("train"),
-               **trainer.evaluate(val_loader, ctx.watchdog.beat), "images_per_sec": total_rate,
-               "images_per_sec_per_worker": per_worker, "epoch_seconds": time.perf_counter() - epoch_start}
-        if progress.batch == steps_per_epoch:
-            row["epoch"] = progress.epoch = progress.epoch + 1
-            progress.batch = 0
-        is_best = row["val_top1"] > progress.best_top1
-        progress.best_top1, progress.last_row = max(progress.best_top1, row["val_top1"]), row
-        save_checkpoint(args, ctx, trainer, progress, is_best)
-        log.record(row, progress.step)
-        log.info(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
-    write_results(args, ctx, trainer, progress, val_loader, log, timed, time.perf_counter() - started)
-    log.close()
+    while state.epoch < settings.epochs:
+        run.throughput.start_window()
+        reason = train_epoch(run, trainer, (train_set, sampler, train_loader), meter)
+        finished_epoch = state.step_in_epoch == steps_per_epoch
+        if finished_epoch:
+            end_epoch(run, trainer, val_loader, meter, steps_per_epoch)
+        if reason:
+            return run.stop(reason, results(run, time.perf_counter() - started), checkpoint=not finished_epoch)
+    path = run.write_results({**results(run, time.perf_counter() - started), "completed": True})
+    row = state.last_row
+    run.log.info(f"val_top1 {row['val_top1']:.4f} val_top5 {row['val_top5']:.4f} "
+                 f"{run.rates()[0]:.1f} images/s; results in {path}")
+    run.log.close()
 
 
-def write_results(args, ctx, trainer, progress, val_loader, log, timed, seconds):
-    row = progress.last_row
-    if not row:  # resumed past --max-steps from a mid-epoch checkpoint: measure the model
-        row = {"epoch": progress.epoch, **trainer.evaluate(val_loader, ctx.watchdog.beat)}
-    total_rate, per_worker = total_throughput(timed[0] / timed[1] if timed[1] else None)
-    if not total_rate:  # nothing timed in this launch: the figures of the last epoch trained
-        total_rate = row.get("images_per_sec", 0.0)
-        per_worker = row.get("images_per_sec_per_worker", 0.0)
-    step_batch = args.batch_size * args.batches_per_allreduce
-    results = {key: row.get(key) for key in ("val_top1", "val_top5", "val_loss", "train_loss", "train_top1")}
-    results.update(images_per_sec=total_rate, images_per_sec_per_worker=per_worker, world_size=ctx.size,
-                   epochs=row["epoch"], steps=progress.step, model=args.model, dataset=args.dataset,
-                   batch_size=args.batch_size, global_batch_size=ctx.size * step_batch, lr=args.scaled_lr,
-                   best_val_top1=progress.best_top1, seconds=seconds)
-    path = log.results(results)
-    log.info(f"val_top1 {results['val_top1']:.4f} val_top5 {results['val_top5']:.4f} "
-             f"{total_rate:.1f} images/s ({per_worker:.1f} per worker); results in {path}")
+def results(run, seconds):
+    """results.json: the saved model's latest metrics, this launch's throughput."""
+    settings, state, row = run.settings, run.state, run.state.last_row
+    total_rate, per_worker = run.rates()
+    step_batch = settings.batch_size * settings.accumulation_steps
+    summary = {key: row.get(key) for key in ("val_top1", "val_top5", "val_loss", "train_loss", "train_top1")}
+    summary.update(images_per_sec=total_rate or row.get("images_per_sec", 0.0),
+                   images_per_sec_per_worker=per_worker or row.get("images_per_sec_per_worker", 0.0),
+                   world_size=run.ctx.size, epochs=row.get("epoch", 0), steps=state.step, model=settings.model,
+                   dataset=settings.dataset, batch_size=settings.batch_size,
+                   global_batch_size=run.ctx.size * step_batch, lr=settings.scaled_lr,
+                   best_val_top1=state.best_top1, seconds=seconds)
+    return summary
 
 
 if __name__ == "__main__":

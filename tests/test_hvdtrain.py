@@ -1,5 +1,6 @@
 """Unit tests of the shared package (single process; Horovod with size 1)."""
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,15 +43,26 @@ def test_assign_files_is_disjoint_or_strided():
     assert few == files[:1] and stride == 4
 
 
-def test_checkpoints_keep_the_newest_and_skip_corrupt_ones(tmp_path):
-    for step in (1, 2, 3):
-        checkpoint.save({"step": step, "w": torch.full((2,), float(step))}, tmp_path, step, keep=2)
-    assert [p.name for p in checkpoint.checkpoint_paths(tmp_path)] == [
-        "step-000000003.pt", "step-000000002.pt"]
+def test_pruning_keeps_the_checkpoint_just_written(tmp_path):
+    for step in (1, 2, 3, 9):
+        checkpoint.atomic_save({"w": torch.full((2,), float(step))}, checkpoint.checkpoint_path(tmp_path, step))
+    just_written = checkpoint.checkpoint_path(tmp_path, 4)  # after a resume from step 3
+    checkpoint.atomic_save({"w": torch.zeros(2)}, just_written)
+    checkpoint.prune(tmp_path, keep=2, just_written=just_written)
+    assert [p.name for p in checkpoint.checkpoint_paths(tmp_path)] == ["step-000000009.pt", "step-000000004.pt"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp file left behind"
-    checkpoint.checkpoint_paths(tmp_path)[0].write_bytes(b"truncated")
-    restored = checkpoint.load_newest_valid(tmp_path, print_fn=lambda *_: None)
-    assert restored["step"] == 2 and torch.equal(restored["w"], torch.full((2,), 2.0))
+
+
+def test_settings_are_frozen_and_the_resume_contract_sorts_every_change():
+    from hvdtrain.settings import Settings, check_resume, resume_differences
+    from hvdtrain.cli import UsageError
+    settings = Settings({"lr": 0.1, "epochs": 4, "threads": 2, "output_dir": Path("/tmp/out")})
+    with pytest.raises(AttributeError):
+        settings.lr = 0.2
+    refused, adjusted = resume_differences({"lr": 0.2, "epochs": 2, "threads": 8, "output_dir": "/x"}, settings)
+    assert refused == [("lr", 0.2, 0.1)] and adjusted == [("epochs", 2, 4)]
+    with pytest.raises(UsageError, match=r"lr 0.2 -> 0.1"):
+        check_resume({"lr": 0.2, "epochs": 4}, settings, "out")
 
 
 def test_rng_state_survives_a_weights_only_checkpoint(tmp_path):

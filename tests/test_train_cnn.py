@@ -110,13 +110,14 @@ def test_stop_and_resume_gives_the_same_weights_bit_for_bit(tmp_path):
     second = train(2, [*common, "--max-steps", "60"], pieces)
     assert "resuming at epoch 0 batch 30 (step 30)" in second.output, second.describe()
     expected, actual = checkpoint_at(whole, 60), checkpoint_at(pieces, 60)
-    assert (actual["epoch"], actual["batch"], actual["step"]) == (1, 16, 60)
+    at = actual["train_state"]
+    assert (at["epoch"], at["step_in_epoch"], at["step"]) == (1, 16, 60)
     for key, value in expected["model"].items():
         assert torch.equal(actual["model"][key], value), key
     for index, state in expected["optimizer"]["state"].items():
         assert torch.equal(actual["optimizer"]["state"][index]["momentum_buffer"], state["momentum_buffer"])
     assert actual["scheduler"]["last_epoch"] == expected["scheduler"]["last_epoch"] == 60
-    assert len(actual["rng"]) == 2  # one RNG state per rank
+    assert len(actual["ranks"]) == 2  # one RNG state per rank
 
 
 def test_image_folder_of_mixed_modes_trains_one_epoch_under_mpi(tmp_path, need_mpi):
@@ -194,8 +195,8 @@ def test_signal_to_one_rank_checkpoints_and_exits_zero_on_every_rank(tmp_path):
     step = int(match.group(1))
     state = checkpoint_at(out, step)
     # Signals are checked (collectively) every 10 steps.
-    assert state["step"] == step < 5 * 89 and step % 10 == 0 and len(state["rng"]) == 2
-    assert not (out / "results.json").exists()
+    assert state["train_state"]["step"] == step < 5 * 89 and step % 10 == 0 and len(state["ranks"]) == 2
+    assert json.loads((out / "results.json").read_text())["completed"] is False
 
 
 def write_bad_file(folder):

@@ -1,9 +1,24 @@
-"""Atomic checkpoints: written by rank 0, loaded by rank 0, broadcast to all.
+"""Checkpoints: one mechanism to save and restore a run, at any model size.
 
-A checkpoint is one ``torch.save`` file ``step-<global step>.pt`` in the output
-directory, written to a temporary name, fsynced and renamed, so a job killed
-mid-write never leaves a truncated newest checkpoint. The last ``keep`` are
-kept, plus ``best.pt`` when the caller marks one as best.
+A checkpoint is one ``torch.save`` file ``step-<global step>.pt`` composed of the
+run's components, each with ``state_dict()`` / ``load_state_dict()`` (the
+pattern of torchtitan's checkpoint manager):
+
+- shared components (model, optimizer, scheduler, scaler, train state) are the
+  same on every rank and written by rank 0;
+- per-rank components (RNG states, partial metric sums) are gathered from every
+  rank (a few KiB each) and each rank gets its own entry back;
+- ``settings``: the resolved settings, compared on resume (see settings.py).
+
+Files are written to a temporary name, fsynced and renamed, so a job killed
+mid-write never leaves a truncated newest checkpoint.
+
+Restore never pickles tensors through a broadcast: ``hvd.broadcast_object``
+sends the pickle's size as a 32-bit int and holds several copies, so a 4 GB
+BERT-large checkpoint could not be restored. Rank 0 picks the file (skipping,
+and renaming, unreadable ones) and every rank that sees it loads it itself,
+memory-mapped (one copy per node in the page cache). Where some rank cannot see
+it (node-local output directories) rank 0 sends it tensor by tensor.
 """
 import os
 import re
@@ -12,11 +27,16 @@ import tempfile
 from pathlib import Path
 
 import torch
+import horovod.torch as hvd
 
 from . import dist
 from .cli import UsageError
 
+FORMAT = 2  # the layout below; earlier checkpoints cannot be resumed
 _NAME = re.compile(r"^step-(\d+)\.pt$")
+CORRUPT_SUFFIX = ".corrupt"
+# Tensors sent at once by the tensor-by-tensor fallback (Horovod fuses them).
+_BROADCAST_GROUP = 64
 
 
 def atomic_save(obj, path):
@@ -44,6 +64,17 @@ def _fsync_directory(directory):
         os.close(fd)
 
 
+def _link_or_copy(source, target):
+    """``target`` becomes the same file as ``source``: a hard link, no second 4 GB write."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:  # a file system without hard links
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
 def checkpoint_paths(directory):
     """Checkpoints in ``directory``, newest (highest step) first."""
     directory = Path(directory)
@@ -53,82 +84,32 @@ def checkpoint_paths(directory):
     return [path for _, path in sorted(found, reverse=True)]
 
 
-def save(state, directory, step, keep, is_best=False):
-    """Write ``state`` as checkpoint ``step``; prune to ``keep`` newest. Rank 0 only."""
-    directory = Path(directory)
-    path = directory / f"step-{step:09d}.pt"
-    atomic_save(state, path)
-    if is_best:
-        atomic_save(state, directory / "best.pt")
-    for old in checkpoint_paths(directory)[keep:]:
+def checkpoint_path(directory, step):
+    return Path(directory) / f"step-{step:09d}.pt"
+
+
+def prune(directory, keep, just_written):
+    """Keep ``just_written`` and the ``keep - 1`` newest others."""
+    others = [path for path in checkpoint_paths(directory) if path != just_written]
+    for old in others[max(0, keep - 1):]:
         old.unlink(missing_ok=True)
-    return path
 
 
-def training_state(model, optimizer, scheduler, scaler, **extra):
-    """Everything an exact resume needs, plus ``extra`` (position, settings).
-
-    Collective: every rank's RNG state is gathered, so call it on every rank;
-    rank 0 then saves the result.
-    """
-    rng = dist.gather_rng_states()
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-            "rng": rng, **extra}
-
-
-def load_training_state(ctx, state, model, optimizer, scheduler, scaler):
-    """Put a ``training_state`` back, this rank's RNG included."""
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    if state["scaler"]:
-        scaler.load_state_dict(state["scaler"])
-    if len(state["rng"]) == ctx.size:
-        dist.set_rng_state(state["rng"][ctx.rank])
-    else:
-        ctx.print0(f"note: checkpoint written by {len(state['rng'])} ranks, now {ctx.size}: "
-                   "data order and dropout will differ from an uninterrupted run")
+def load(path):
+    """Load one checkpoint safely (tensors and plain Python only), memory-mapped."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 def clear_run_outputs(directory):
     """Remove an earlier run's checkpoints and metrics (--no-resume, rank 0).
 
-    Otherwise its higher-numbered checkpoints would outrank the new run's and
-    be kept while the new ones are pruned.
+    Otherwise its higher-numbered checkpoints would outrank the new run's.
     """
     directory = Path(directory)
-    for stale in [*checkpoint_paths(directory), directory / "best.pt",
-                  directory / "metrics.jsonl", directory / "results.json"]:
+    for stale in [*checkpoint_paths(directory), *directory.glob(f"step-*.pt{CORRUPT_SUFFIX}"),
+                  directory / "best.pt", directory / "metrics.jsonl", directory / "results.json"]:
         stale.unlink(missing_ok=True)
     shutil.rmtree(directory / "tensorboard", ignore_errors=True)
-
-
-def load(path):
-    """Load one checkpoint safely (tensors and plain Python only)."""
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def load_newest_valid(directory, print_fn=print):
-    """The newest checkpoint that loads, skipping corrupt ones; None when there is none."""
-    for path in checkpoint_paths(directory):
-        try:
-            return load(path)
-        except Exception as error:  # a truncated or foreign file: try the next one
-            print_fn(f"skipping unreadable checkpoint {path}: {error}")
-    return None
-
-
-def restore_on_all_ranks(ctx, directory, enabled=True):
-    """Rank 0 loads the newest valid checkpoint; every rank gets the same copy.
-
-    Returns None on every rank when resuming is off or no checkpoint exists.
-    """
-    state = None
-    if enabled and ctx.is_main:
-        state = load_newest_valid(directory, print_fn=ctx.print0)
-    # Horovod: broadcast rank 0's checkpoint (or None) so every rank agrees.
-    return dist.broadcast_object(state, root_rank=0, name="checkpoint")
 
 
 def load_init_checkpoint(path):
@@ -142,6 +123,166 @@ def load_init_checkpoint(path):
     if not path.is_file():
         raise UsageError(f"checkpoint not found: {path}")
     try:
+        state = load(path)
+    except Exception as error:
+        raise UsageError(f"cannot read checkpoint {path}: {error.__class__.__name__}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UsageError(f"{path} is not a checkpoint of this version of the scripts")
+    return state
+
+
+class RngState:
+    """This rank's Python, NumPy, torch (and CUDA) generators as a component."""
+
+    def state_dict(self):
+        return dist.rng_state()
+
+    def load_state_dict(self, state):
+        dist.set_rng_state(state)
+
+
+class Checkpointer:
+    """Saves and restores the run's components; every method is collective."""
+
+    def __init__(self, ctx, directory, shared, per_rank, keep):
+        self.ctx = ctx
+        self.directory = Path(directory)
+        self.shared = shared  # name -> component, identical on every rank
+        self.per_rank = per_rank  # name -> component, one entry per rank
+        self.keep = keep
+
+    def save(self, step, settings, is_best=False, extra=None):
+        """Write checkpoint ``step`` (rank 0); every rank waits until it is on disk."""
+        ranks = hvd.allgather_object({name: part.state_dict() for name, part in self.per_rank.items()},
+                                     name="checkpoint.ranks")  # Horovod: every rank's entry
+        with self.ctx.watchdog.phase("writing a checkpoint"):
+            if self.ctx.is_main:
+                state = {"format": FORMAT, **{name: part.state_dict() for name, part in self.shared.items()},
+                         "ranks": ranks, "settings": dict(settings), **(extra or {})}
+                path = checkpoint_path(self.directory, step)
+                atomic_save(state, path)
+                if is_best:
+                    _link_or_copy(path, self.directory / "best.pt")
+                prune(self.directory, self.keep, path)
+            # The other ranks wait here, inside the phase, rather than in their
+            # next collective, where the watchdog's short limit applies.
+            dist.all_ranks_true(True)
+
+    def restore(self, check=None):
+        """Load the newest readable checkpoint into the components.
+
+        ``check(state)`` may raise UsageError (a resume it refuses) before
+        anything is loaded. Returns the state (tensors memory-mapped), or None
+        when there is no checkpoint; then rank 0's weights go to every rank.
+        """
+        with self.ctx.watchdog.phase("restoring a checkpoint"):
+            choice = dist.agree_on_errors(self._choose) if self.ctx.is_main else dist.agree_on_errors(lambda: None)
+            # Horovod: a few bytes (the file's name and size), never the checkpoint itself.
+            path, size = dist.broadcast_object(choice, root_rank=0, name="checkpoint.choice")
+            if path is None:
+                return None
+            state = self._load_everywhere(Path(path), size)
+            if check is not None:
+                dist.agree_on_errors(check, state)
+            for name, part in self.shared.items():
+                part.load_state_dict(state[name])
+            mine = state["ranks"][self.ctx.rank] if len(state["ranks"]) == self.ctx.size else {}
+            for name, part in self.per_rank.items():
+                if name in mine:
+                    part.load_state_dict(mine[name])
+            return state
+
+    def _choose(self):
+        """(newest readable checkpoint, its size), or (None, None); rank 0.
+
+        An unreadable file is renamed ``*.corrupt`` (so it can never outrank or
+        prune a good one) and the previous checkpoint is tried.
+        """
+        candidates = checkpoint_paths(self.directory)
+        for path in candidates:
+            try:
+                state = load(path)
+            except Exception as error:
+                renamed = path.with_name(path.name + CORRUPT_SUFFIX)
+                os.replace(path, renamed)
+                print(f"warning: checkpoint {path} is unreadable ({error.__class__.__name__}); "
+                      f"renamed to {renamed.name}, trying the previous one", flush=True)
+                continue
+            if not isinstance(state, dict) or state.get("format") != FORMAT:
+                raise UsageError(f"cannot resume from {path}: written by an earlier version of the scripts "
+                                 "(use --no-resume or another --output-dir)")
+            return str(path), path.stat().st_size
+        corrupt = sorted(self.directory.glob(f"step-*.pt{CORRUPT_SUFFIX}")) if self.directory.is_dir() else []
+        if corrupt:
+            raise UsageError(f"no readable checkpoint in {self.directory}: {', '.join(p.name for p in corrupt)} "
+                             "could not be loaded; start over with --no-resume")
+        return None, None
+
+    def _load_everywhere(self, path, size):
+        visible = path.is_file() and path.stat().st_size == size
+        if dist.all_ranks_true(visible):
+            return dist.agree_on_errors(_load_or_fail, path)
+        # Node-local output directories: rank 0 sends the checkpoint, tensor by tensor.
+        self.ctx.print0(f"note: {path} is not visible on every rank; sending it from rank 0")
+        return broadcast_state(load(path) if self.ctx.is_main else None)
+
+
+def _load_or_fail(path):
+    try:
         return load(path)
     except Exception as error:
         raise UsageError(f"cannot read checkpoint {path}: {error.__class__.__name__}") from None
+
+
+class _TensorSlot:
+    """Stands for one tensor in the skeleton that ``broadcast_state`` pickles."""
+
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+
+def broadcast_state(state, root_rank=0):
+    """Rank ``root_rank``'s nested state on every rank, with no pickle of its tensors.
+
+    Only the structure (keys, plain values, tensor shapes and dtypes) is pickled;
+    each tensor is then broadcast as raw bytes into a tensor allocated in place.
+    """
+    tensors = []
+
+    def strip(value):
+        if torch.is_tensor(value):
+            tensors.append(value)
+            return _TensorSlot(len(tensors) - 1, tuple(value.shape), str(value.dtype).split(".")[-1])
+        if isinstance(value, dict):
+            return {key: strip(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(strip(item) for item in value)
+        return value
+
+    skeleton = strip(state) if hvd.rank() == root_rank else None
+    skeleton = dist.broadcast_object(skeleton, root_rank=root_rank, name="checkpoint.skeleton")
+    slots = []
+
+    def fill(value):
+        if isinstance(value, _TensorSlot):
+            if hvd.rank() == root_rank:
+                tensor = tensors[value.index].contiguous()
+            else:
+                tensor = torch.empty(value.shape, dtype=getattr(torch, value.dtype))
+            slots.append(tensor)
+            return tensor
+        if isinstance(value, dict):
+            return {key: fill(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(fill(item) for item in value)
+        return value
+
+    result = fill(skeleton)
+    for start in range(0, len(slots), _BROADCAST_GROUP):
+        # Horovod: in-place broadcasts of each tensor's bytes (any dtype), a group at a time.
+        handles = [hvd.broadcast_async_(tensor.reshape(-1).view(torch.uint8), root_rank,
+                                        name=f"checkpoint.tensor.{start + i}")
+                   for i, tensor in enumerate(slots[start:start + _BROADCAST_GROUP]) if tensor.numel()]
+        for handle in handles:
+            hvd.synchronize(handle)
+    return result

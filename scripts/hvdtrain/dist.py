@@ -3,6 +3,7 @@
     ctx = dist.init()            # Horovod: hvd.init(), device pinning, threads
     ctx.print0("only rank 0 prints this")
 """
+import contextlib
 import os
 import random
 import sys
@@ -23,6 +24,10 @@ from . import cli
 DEFAULT_STALL_SHUTDOWN_SECONDS = 600
 WATCHDOG_ENV = "HVDTRAIN_WATCHDOG_SECONDS"
 WATCHDOG_EXIT = 3
+# Legitimate long phases (4 GB checkpoint writes on a shared file system, a first
+# torch.compile step) get their own, longer limit.
+DEFAULT_PHASE_SECONDS = 1800
+PHASE_ENV = "HVDTRAIN_PHASE_SECONDS"
 
 
 class Watchdog:
@@ -32,26 +37,47 @@ class Watchdog:
     seconds (this rank waits forever in a collective that a frozen rank never
     joins, or is frozen itself), a daemon thread prints one line and exits the
     process; the launcher (horovodrun, mpirun, srun) then ends the other ranks.
+
+    Long legitimate phases (a checkpoint write, loading shards, a first compiled
+    step, an export) run inside ``with watchdog.phase("what"):`` on every rank:
+    there the limit is ``phase_timeout`` instead, and the message names the phase.
     """
 
-    def __init__(self, timeout, rank):
+    def __init__(self, timeout, rank, phase_timeout=None):
         self.timeout = timeout
         self.rank = rank
+        self.phase_timeout = max(timeout, phase_timeout or DEFAULT_PHASE_SECONDS)
         self.last_beat = time.monotonic()
+        self.current_phase = None
         if timeout > 0:
             threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True).start()
 
     def beat(self):
         self.last_beat = time.monotonic()
 
+    @contextlib.contextmanager
+    def phase(self, name):
+        """A long step of work that beats once at its start and once at its end."""
+        outer = self.current_phase
+        self.current_phase = name
+        self.beat()
+        try:
+            yield
+        finally:
+            self.current_phase = outer
+            self.beat()
+
     def _watch(self):
         while True:
             time.sleep(min(5.0, self.timeout / 4))
             silent = time.monotonic() - self.last_beat
-            if silent > self.timeout:
-                print(f"rank {self.rank}: error: no training progress for {silent:.0f} s "
-                      f"(a rank is stalled or dead; {WATCHDOG_ENV}={self.timeout:g}); aborting",
-                      file=sys.stderr, flush=True)
+            phase = self.current_phase
+            limit = self.phase_timeout if phase else self.timeout
+            if silent > limit:
+                cause = (f"{phase} took more than {limit:g} s ({PHASE_ENV}={limit:g})" if phase else
+                         f"no training progress for {silent:.0f} s (a rank is stalled or dead; "
+                         f"{WATCHDOG_ENV}={self.timeout:g})")
+                print(f"rank {self.rank}: error: {cause}; aborting", file=sys.stderr, flush=True)
                 os._exit(WATCHDOG_EXIT)
 
 
@@ -110,7 +136,8 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
         WATCHDOG_ENV, os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]))
     return Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                    local_size=hvd.local_size(), device=device,
-                   watchdog=Watchdog(watchdog_seconds, hvd.rank()))
+                   watchdog=Watchdog(watchdog_seconds, hvd.rank(),
+                                     float(os.environ.get(PHASE_ENV, DEFAULT_PHASE_SECONDS))))
 
 
 def to_sync_batchnorm(module):
@@ -126,6 +153,24 @@ def to_sync_batchnorm(module):
     for name, child in module.named_children():
         setattr(module, name, to_sync_batchnorm(child))
     return module
+
+
+def average_batchnorm_buffers(model):
+    """Horovod: every rank's BatchNorm running statistics replaced by their average.
+
+    Without SyncBatchNorm each rank's statistics follow its own shard; rank 0's
+    alone would be saved while every rank evaluates with its own, so the
+    reported accuracy would not be the saved model's. Call it on every rank.
+    """
+    buffers = [(f"{name}.{kind}", getattr(module, kind)) for name, module in model.named_modules()
+               if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.track_running_stats
+               for kind in ("running_mean", "running_var")]
+    if not buffers:
+        return
+    averaged = hvd.grouped_allreduce([tensor for _, tensor in buffers], op=hvd.Average,
+                                     name="batchnorm_buffers")
+    for (_, tensor), value in zip(buffers, averaged):
+        tensor.copy_(value)
 
 
 def seed_everything(seed):

@@ -42,6 +42,14 @@ class SumMeter:
         self.sums = {name: 0.0 for name in self.names}
         self.counts = {name: 0 for name in self.names}
 
+    # A checkpoint holds every rank's partial sums, so a resumed run reports the
+    # same averages as an uninterrupted one (see checkpoint.Checkpointer).
+    def state_dict(self):
+        return {"sums": dict(self.sums), "counts": dict(self.counts)}
+
+    def load_state_dict(self, state):
+        self.sums, self.counts = dict(state["sums"]), dict(state["counts"])
+
 
 def topk_correct(logits, targets, ks=(1, 5)):
     """Number of samples whose target is in the top-k predictions, for each k."""
@@ -52,31 +60,52 @@ def topk_correct(logits, targets, ks=(1, 5)):
 
 
 class Throughput:
-    """Samples per second over the steps after the first ``warmup_steps``.
+    """Samples per second, per window (an epoch, a log interval) and for the launch.
 
-    The first steps pay for allocation, autotuning and Horovod's tensor
-    negotiation; counting them would understate steady-state speed.
+    The first ``warmup_steps`` of a launch pay for allocation, autotuning and
+    Horovod's tensor negotiation, so they are left out of every rate; a window
+    made only of warm-up steps (a very short epoch) is rated over all its steps
+    rather than reported as 0. A step's time runs from the previous ``step()``
+    (or the window's start), so data loading counts.
     """
 
     def __init__(self, warmup_steps=5):
         self.warmup_steps = warmup_steps
         self.steps = 0
-        self.samples = 0
-        # Without warm-up, time from now: the first step counts too.
-        self.start = time.perf_counter() if warmup_steps == 0 else None
+        self.launch = [0, 0.0]  # samples, seconds after the warm-up
+        self.start_window()
+
+    def start_window(self):
+        self.window_timed = [0, 0.0]
+        self.window_all = [0, 0.0]
+        self.last = time.perf_counter()
 
     def step(self, samples):
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
         self.steps += 1
-        if self.steps == self.warmup_steps:
-            self.start = time.perf_counter()
-        elif self.steps > self.warmup_steps:
-            self.samples += samples
+        _add(self.window_all, samples, seconds)
+        if self.steps > self.warmup_steps:
+            _add(self.window_timed, samples, seconds)
+            _add(self.launch, samples, seconds)
 
-    def per_second(self):
-        """Local samples/s, or None before enough steps were timed."""
-        if self.start is None or self.samples == 0:
-            return None
-        return self.samples / (time.perf_counter() - self.start)
+    def window_rate(self):
+        """Local samples/s over the current window; None when it has no steps."""
+        return _rate(self.window_timed) or _rate(self.window_all)
+
+    def launch_rate(self):
+        """Local samples/s since the warm-up; None before any step was timed."""
+        return _rate(self.launch)
+
+
+def _add(total, samples, seconds):
+    total[0] += samples
+    total[1] += seconds
+
+
+def _rate(total):
+    samples, seconds = total
+    return samples / seconds if samples and seconds > 0 else None
 
 
 def total_throughput(local_rate):

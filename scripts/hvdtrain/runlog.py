@@ -13,7 +13,7 @@ except ImportError:  # tqdm is in requirements.txt; plain lines without it
 class RunLog:
     """Everything a run writes for people. A no-op on ranks other than 0."""
 
-    def __init__(self, ctx, output_dir, total_steps=None, tensorboard=True):
+    def __init__(self, ctx, output_dir, total_steps=None, tensorboard=True, resumed_step=0):
         self.enabled = ctx.is_main
         self.output_dir = Path(output_dir)
         self.bar = None
@@ -22,10 +22,12 @@ class RunLog:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.output_dir / "metrics.jsonl"
+        if resumed_step:
+            drop_rows_after(self.metrics_path, resumed_step)
         if tqdm is not None and sys.stderr.isatty():
             self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
         if tensorboard:
-            self.writer = _tensorboard_writer(self.output_dir / "tensorboard")
+            self.writer = _tensorboard_writer(self.output_dir / "tensorboard", resumed_step)
 
     def info(self, message):
         if not self.enabled:
@@ -70,9 +72,26 @@ class RunLog:
             self.writer.close()
 
 
-def _tensorboard_writer(directory):
+def drop_rows_after(path, step):
+    """Keep the metrics.jsonl rows up to ``step`` (the checkpoint a run resumes from).
+
+    Rows written after the last checkpoint, before a crash, are computed again
+    by the resumed run; keeping them would duplicate those steps.
+    """
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+
+
+def _tensorboard_writer(directory, resumed_step=0):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard is optional
         return None
-    return SummaryWriter(log_dir=str(directory))
+    # purge_step: TensorBoard hides events after the resumed step (a crash's leftovers).
+    return SummaryWriter(log_dir=str(directory), purge_step=resumed_step + 1 if resumed_step else None)

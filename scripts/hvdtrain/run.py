@@ -1,0 +1,167 @@
+"""The run skeleton both trainers share.
+
+    run = Run(ctx, settings, state, components, meter, total_steps, stop_request)
+    run.start()                       # restore (or start over), open the log
+    while ...:
+        train one step
+        reason = run.step_done(samples)   # counters, watchdog, stop checks
+        if reason: run.stop(reason); return
+    run.checkpoint()
+
+What it owns, once for both: the shared command-line flags, the train state
+(position and counters), checkpoints with the resume contract, stop requests
+(which signal reached which rank), the run log and throughput.
+"""
+import argparse
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import horovod.torch as hvd
+
+from . import cli, dist, settings as settings_module
+from .checkpoint import Checkpointer, RngState, clear_run_outputs
+from .metrics import Throughput, total_throughput
+from .runlog import RunLog
+
+
+def add_run_arguments(parser, output_dir, checkpoint_every):
+    """Flags with the same name and meaning in every trainer."""
+    flag = argparse.BooleanOptionalAction
+    out = parser.add_argument_group("output, checkpoints and stopping")
+    out.add_argument("--output-dir", type=Path, default=Path(output_dir),
+                     help="checkpoints, metrics.jsonl, results.json, tensorboard/")
+    out.add_argument("--resume", action=flag, default=True,
+                     help="continue from the newest checkpoint in --output-dir; --no-resume starts over "
+                          "and deletes that directory's earlier checkpoints and metrics")
+    out.add_argument("--checkpoint-every", type=cli.non_negative_int, default=checkpoint_every,
+                     help="also checkpoint every N steps (0: only at epoch ends and the end)")
+    out.add_argument("--keep-checkpoints", type=cli.positive_int, default=3,
+                     help="newest step-*.pt kept (plus best.pt where there is one)")
+    out.add_argument("--stop-after", "--max-steps", dest="stop_after", type=cli.positive_int, metavar="STEP",
+                     help="checkpoint and exit 0 after this step (the schedule is unchanged); relaunch to continue")
+    out.add_argument("--stop-check-every", type=cli.positive_int, default=10,
+                     help="steps between the (collective) checks for SIGTERM/SIGUSR1")
+    out.add_argument("--seed", type=cli.non_negative_int, default=42,
+                     help="initialisation, data order, augmentation, masking")
+    device = parser.add_argument_group("device and Horovod")
+    device.add_argument("--accumulation-steps", "--batches-per-allreduce", dest="accumulation_steps",
+                        type=cli.positive_int, default=1,
+                        help="backward passes of --batch-size accumulated locally per allreduce and step")
+    device.add_argument("--fp16-allreduce", action="store_true", help="Horovod: send gradients as fp16")
+    device.add_argument("--cpu", action="store_true", help="ignore GPUs")
+    device.add_argument("--threads", type=cli.positive_int,
+                        help="CPU threads per rank; unset: cores / ranks on the node")
+    return device
+
+
+@dataclass
+class TrainState:
+    """Where training stands; a checkpoint component. Trainers add their counters."""
+    step: int = 0  # optimizer steps in all
+    epoch: int = 0  # the epoch in progress
+    step_in_epoch: int = 0  # its steps already trained
+    last_row: dict = field(default_factory=dict)  # the latest metrics.jsonl row
+
+    def state_dict(self):
+        return asdict(self)
+
+    def load_state_dict(self, state):
+        for item in fields(self):
+            setattr(self, item.name, state[item.name])
+
+    def next_epoch(self):
+        self.epoch, self.step_in_epoch = self.epoch + 1, 0
+
+
+class Run:
+    """Checkpoints, stop requests, log and throughput around a trainer's own loop."""
+
+    def __init__(self, ctx, settings, state, components, meter, total_steps, stop_request, extra=None,
+                 before_checkpoint=None):
+        self.ctx = ctx
+        self.settings = settings
+        self.state = state
+        self.total_steps = total_steps  # the whole schedule
+        self.last_step = min(settings.stop_after or total_steps, total_steps)  # this launch's
+        self.stop_request = stop_request
+        self.extra = extra or {}  # plain values saved beside the components
+        self.before_checkpoint = before_checkpoint  # collective, e.g. averaging BatchNorm statistics
+        self.checkpointer = Checkpointer(
+            ctx, settings.output_dir, shared={**components, "train_state": state},
+            per_rank={"rng": RngState(), "meter": meter}, keep=settings.keep_checkpoints)
+        self.throughput = Throughput()
+        self.log = None
+        self.resumed = False
+
+    def start(self):
+        """Restore from --output-dir (or clear it), then open the log; collective."""
+        if not self.settings.resume and self.ctx.is_main:
+            clear_run_outputs(self.settings.output_dir)
+        adjusted = []
+
+        def check(saved):
+            adjusted.extend(settings_module.check_resume(saved["settings"], self.settings,
+                                                         self.settings.output_dir))
+
+        restored = self.checkpointer.restore(check=check)
+        self.resumed = restored is not None
+        if self.resumed:
+            settings_module.announce(adjusted, self.ctx.print0)
+        else:
+            # Horovod: every rank starts from rank 0's weights (the optimizer state is still empty).
+            hvd.broadcast_parameters(self.checkpointer.shared["model"].state_dict(), root_rank=0)
+        self.log = RunLog(self.ctx, self.settings.output_dir, self.total_steps, resumed_step=self.state.step)
+        return restored
+
+    def step_done(self, samples):
+        """Count a finished step; returns why this launch must stop now, or None. Collective."""
+        state = self.state
+        state.step, state.step_in_epoch = state.step + 1, state.step_in_epoch + 1
+        self.ctx.watchdog.beat()  # progress: the stall watchdog must not fire
+        self.throughput.step(samples)
+        self.log.progress(state.step)
+        if self.last_step <= state.step < self.total_steps:
+            return f"--stop-after {self.last_step}"
+        if state.step % self.settings.stop_check_every == 0:
+            return self.poll_stop_request()
+        return None
+
+    def poll_stop_request(self):
+        """Collective: None, or which signal reached which rank, e.g. "SIGUSR1 (rank 1)"."""
+        if not dist.any_rank_true(self.stop_request.received is not None):
+            return None
+        # Horovod: every rank's signal, so the message names the one that got it.
+        received = hvd.allgather_object(self.stop_request.received, name="stop_signal")
+        rank = next(r for r, name in enumerate(received) if name)
+        return f"{received[rank]} (rank {rank})"
+
+    def checkpoint(self, is_best=False):
+        if self.before_checkpoint is not None:
+            self.before_checkpoint()
+        self.checkpointer.save(self.state.step, self.settings, is_best, self.extra)
+
+    def stop(self, reason, results, checkpoint=True):
+        """A stop before the end: checkpoint, results so far, and how to go on."""
+        if checkpoint:
+            self.checkpoint()
+        self.write_results({**results, "completed": False})
+        again = ("relaunch the same command without --no-resume" if "--no-resume" in sys.argv
+                 else "relaunch the same command")
+        self.log.info(f"stopped by {reason} at step {self.state.step}: checkpoint written to "
+                      f"{self.settings.output_dir}; {again} to continue")
+        self.log.close()
+
+    def rates(self):
+        """(total, per worker) samples/s of this launch; 0 where nothing was timed. Collective."""
+        return total_throughput(self.throughput.launch_rate() or self.throughput.window_rate())
+
+    def write_results(self, results):
+        return self.log.results(results)
+
+    def already_finished(self, results_name="results.json"):
+        """Relaunching a finished run changes nothing; says where its results are."""
+        self.log.info(f"{self.settings.output_dir} holds a finished run (step {self.state.step}); its "
+                      f"results are in {Path(self.settings.output_dir) / results_name}. Nothing to do: "
+                      "extend the schedule to train on, or use --no-resume to start over")
+        self.log.close()

@@ -1,0 +1,164 @@
+"""Checkpoints at scale and under damage, the resume contract, the watchdog's long phases.
+
+Real horovodrun launches of tests/workers/ and of both trainers.
+"""
+import json
+import re
+
+import pytest
+import torch
+
+from launch import REPO, SCRIPTS, horovodrun
+
+pytestmark = pytest.mark.usefixtures("need_horovod")
+
+ROUNDTRIP = REPO / "tests" / "workers" / "checkpoint_roundtrip.py"
+SLOW_PHASE = REPO / "tests" / "workers" / "slow_phase.py"
+CNN = SCRIPTS / "train_cnn.py"
+QUICK_CNN = ["--model", "convnet", "--image-size", "8", "--batch-size", "16"]
+
+
+def ok(run):
+    assert run.returncode == 0 and not run.timed_out, run.describe()
+    assert "Traceback" not in run.output, run.describe()
+    return run
+
+
+def one_line_error(run, *fragments):
+    assert run.returncode != 0 and not run.timed_out, run.describe()
+    assert re.search(r"Exit code: 2\b", run.output) or run.returncode == 2, run.describe()
+    assert "Traceback" not in run.output, run.describe()
+    errors = [line for line in run.output.splitlines() if "error:" in line]
+    assert len(errors) == 1, run.describe()
+    for fragment in fragments:
+        assert fragment in errors[0], run.describe()
+    return errors[0]
+
+
+def rows(directory, drop=("images_per_sec", "images_per_sec_per_worker", "epoch_seconds")):
+    lines = (directory / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in lines]
+
+
+def test_a_checkpoint_over_2_gib_restores_on_every_rank(tmp_path):
+    """600M float32 elements: 2.4 GB, which hvd.broadcast_object cannot send (32-bit size)."""
+    elements = ["--elements", str(600_000_000)]
+    ok(horovodrun(2, [ROUNDTRIP, tmp_path, "save", *elements], timeout=300))
+    (saved,) = tmp_path.glob("step-*.pt")
+    assert saved.stat().st_size > 2.2e9
+    run = ok(horovodrun(2, [ROUNDTRIP, tmp_path, "restore", *elements], timeout=300))
+    assert run.output.count("all ranks ok: True") == 2, run.describe()
+    for line in re.findall(r"rank \d: restored .*", run.output):
+        print(line)  # restore time and peak RSS per rank, for the record
+
+
+def test_node_local_checkpoint_is_sent_tensor_by_tensor(tmp_path):
+    """Only rank 0 sees the file: every dtype arrives bit-exact, per-rank state too."""
+    ok(horovodrun(2, [ROUNDTRIP, tmp_path, "save", "--node-local"], timeout=120))
+    assert list((tmp_path / "node0" / "checkpoints").glob("step-*.pt"))
+    assert not list((tmp_path / "node1" / "checkpoints").glob("step-*.pt"))
+    run = ok(horovodrun(2, [ROUNDTRIP, tmp_path, "restore", "--node-local"], timeout=120))
+    assert "is not visible on every rank; sending it from rank 0" in run.output, run.describe()
+    assert run.output.count("all ranks ok: True") == 2, run.describe()
+
+
+def test_corrupt_newest_checkpoint_is_renamed_and_the_previous_one_used(tmp_path):
+    out = tmp_path / "out"
+    common = [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "2", "--checkpoint-every", "10",
+              "--keep-checkpoints", "2"]
+    ok(horovodrun(2, [*common, "--stop-after", "30"], timeout=180))
+    newest = out / "step-000000030.pt"
+    newest.write_bytes(newest.read_bytes()[:5000])  # a write cut short by a full disk
+    run = ok(horovodrun(2, [*common, "--stop-after", "35"], timeout=180))
+    assert f"checkpoint {newest} is unreadable" in run.output, run.describe()
+    assert "resuming at epoch 0 batch 20 (step 20)" in run.output, run.describe()
+    assert (out / "step-000000030.pt.corrupt").is_file()
+    # Pruning kept the new checkpoint and the one before it; nothing outranks them.
+    assert sorted(p.name for p in out.glob("step-*.pt")) == ["step-000000020.pt", "step-000000035.pt"]
+
+
+def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
+    out = tmp_path / "out"
+    common = [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "1"]
+    ok(horovodrun(2, [*common, "--stop-after", "10"], timeout=180))
+    for path in out.glob("step-*.pt"):
+        path.write_bytes(b"garbage")
+    error = one_line_error(horovodrun(2, common, timeout=180), "no readable checkpoint in", "--no-resume")
+    assert "step-000000010.pt.corrupt" in error
+    # The next launch refuses too, until the user says --no-resume.
+    one_line_error(horovodrun(2, common, timeout=180), "no readable checkpoint in")
+    ok(horovodrun(2, [*common, "--no-resume", "--stop-after", "2"], timeout=180))
+
+
+def test_resume_refuses_changed_settings_and_announces_adjustable_ones(tmp_path):
+    out = tmp_path / "out"
+    common = [CNN, "--output-dir", out, *QUICK_CNN]
+    ok(horovodrun(2, [*common, "--epochs", "2", "--stop-after", "5"], timeout=180))
+    run = horovodrun(2, [*common, "--epochs", "2", "--lr", "0.2", "--momentum", "0.5"], timeout=180)
+    one_line_error(run, "cannot resume from", "lr 0.1 -> 0.2", "momentum 0.9 -> 0.5")
+    run = horovodrun(1, [*common, "--epochs", "2"], timeout=180)
+    one_line_error(run, "world_size 2 -> 1")
+    run = ok(horovodrun(2, [*common, "--epochs", "3", "--stop-after", "6"], timeout=180))
+    assert "resuming with epochs 3 instead of the checkpoint's 2" in run.output, run.describe()
+
+
+def test_relaunching_a_finished_run_changes_nothing(tmp_path):
+    out = tmp_path / "out"
+    common = [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "1"]
+    ok(horovodrun(2, common, timeout=180))
+    before = {p.name: p.read_bytes() for p in [out / "results.json", out / "metrics.jsonl"]}
+    run = ok(horovodrun(2, common, timeout=180))
+    assert "holds a finished run" in run.output and "results.json" in run.output, run.describe()
+    assert before == {p.name: p.read_bytes() for p in [out / "results.json", out / "metrics.jsonl"]}
+
+
+@pytest.mark.parametrize("stop_after", [44, 50], ids=["last step of an epoch", "mid-epoch"])
+def test_cnn_resume_writes_the_rows_of_an_uninterrupted_run(tmp_path, stop_after):
+    """Digits: 44 steps per epoch on 2 x 16. No NaN, no duplicate, no 0 images/s."""
+    common = [CNN, *QUICK_CNN, "--model", "resnet20", "--epochs", "2"]
+    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "whole"], timeout=240))
+    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "parts", "--stop-after", str(stop_after)],
+                  timeout=240))
+    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "parts"], timeout=240))
+    assert rows(tmp_path / "parts") == rows(tmp_path / "whole")
+    assert [row["epoch"] for row in rows(tmp_path / "whole")] == [1, 2]
+    for row in rows(tmp_path / "parts", drop=()):
+        assert row["images_per_sec"] > 0 and row["train_loss"] == row["train_loss"], row
+
+
+def test_bert_resume_after_a_crash_does_not_duplicate_rows(tmp_path):
+    """Rows logged after the last checkpoint, before a crash, are written once."""
+    from test_bert import PREPARE, PRETRAIN, ok as bert_ok, python
+    data = tmp_path / "data"
+    bert_ok(python([PREPARE, "--output-dir", data, "--max-seq-length", "64", "--vocab-size", "1000",
+                    "--dupe-factor", "1", "--num-shards", "2"], timeout=120))
+    common = [PRETRAIN, "--data", data, "--model", "tiny", "--batch-size", "4", "--steps", "9",
+              "--log-every", "1", "--checkpoint-every", "4"]
+    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "whole"], timeout=180))
+    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "crashed", "--stop-after", "6"], timeout=180))
+    (tmp_path / "crashed" / "step-000000006.pt").unlink()  # as if it died before writing step 6
+    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "crashed"], timeout=180))
+    strip = lambda d: [{k: v for k, v in r.items()} for r in rows(d, drop=())]  # noqa: E731
+    assert [r["step"] for r in strip(tmp_path / "crashed")] == list(range(1, 10))
+    assert strip(tmp_path / "crashed") == strip(tmp_path / "whole")
+
+
+def test_a_slow_phase_survives_a_short_watchdog_limit():
+    env = {"HVDTRAIN_WATCHDOG_SECONDS": "1"}
+    run = ok(horovodrun(2, [SLOW_PHASE, "phase", "4"], timeout=120, env=env))
+    assert run.output.count("step 2 done") == 2, run.describe()
+    # The control: without the phase the same wait is a stall, and the job ends.
+    run = horovodrun(2, [SLOW_PHASE, "bare", "4"], timeout=120, env=env)
+    assert run.returncode != 0 and not run.timed_out, run.describe()
+    assert "no training progress" in run.output, run.describe()
+
+
+def test_resumed_weights_come_from_the_file_not_a_broadcast_pickle(tmp_path):
+    """The checkpoint holds what each component needs; the layout both trainers share."""
+    out = tmp_path / "out"
+    ok(horovodrun(2, [CNN, "--output-dir", out, *QUICK_CNN, "--stop-after", "3"], timeout=180))
+    state = torch.load(out / "step-000000003.pt", weights_only=True)
+    assert {"format", "model", "optimizer", "scheduler", "scaler", "train_state", "ranks", "settings"} <= set(state)
+    assert state["train_state"]["step"] == 3 and len(state["ranks"]) == 2
+    assert {"rng", "meter"} == set(state["ranks"][0])
+    assert state["settings"]["world_size"] == 2 and state["settings"]["lr"] == 0.1
