@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 import horovod.torch as hvd
 
-from hvdtrain import cli, dist, images, optim
+from hvdtrain import batchnorm, cli, dist, images, optim
 from hvdtrain import run as run_skeleton
 from hvdtrain.cli import UsageError
 from hvdtrain.metrics import SumMeter, topk_correct, total_throughput
@@ -254,7 +254,7 @@ def end_epoch(run, trainer, val_loader, meter, steps_per_epoch):
     """Evaluate, append the epoch's row, checkpoint (best.pt too when it is the best)."""
     state = run.state
     total_rate, per_worker = total_throughput(run.throughput.window_rate())
-    dist.average_batchnorm_buffers(trainer.model)  # what is evaluated is what is saved
+    batchnorm.average_statistics(trainer.model)  # what is evaluated is what is saved
     row = {"epoch": state.epoch + 1, "step": state.step, "lr": trainer.last_lr, **meter.reduce("train"),
            **trainer.evaluate(val_loader, run.ctx.watchdog.beat), "images_per_sec": total_rate,
            "images_per_sec_per_worker": per_worker,
@@ -302,7 +302,8 @@ def main():
     run = Run(ctx, settings, state, {"model": trainer.model, "optimizer": trainer.optimizer,
                                      "scheduler": trainer.scheduler, "scaler": trainer.scaler},
               meter, settings.epochs * steps_per_epoch, stop_request,
-              before_checkpoint=lambda: dist.average_batchnorm_buffers(trainer.model))
+              per_rank={"batchnorm": batchnorm.OwnStatistics(trainer.model)},
+              shared_view=lambda: batchnorm.averaged(trainer.model))
     run.start()
     if state.epoch >= settings.epochs:
         return run.already_finished()

@@ -74,6 +74,23 @@ def test_default_data_reaches_95_percent(tmp_path):
     assert abs(results["val_top1"] * 359 - round(results["val_top1"] * 359)) < 1e-6
     assert (out / "best.pt").is_file() and len(list(out.glob("step-*.pt"))) == 3
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    # The reported accuracy is the saved model's: best.pt, evaluated in this one
+    # process, scores the best epoch's val_top1 (BatchNorm statistics averaged).
+    assert saved_model_top1(out / "best.pt") == pytest.approx(results["best_val_top1"], abs=1e-9)
+
+
+def saved_model_top1(path):
+    from hvdtrain import images
+    from hvdtrain.models import resnet
+    state = torch.load(path, weights_only=True)
+    _, val_set, classes, channels = images.load("digits", None, None, 42, 0)
+    model = resnet.build(state["settings"]["model"], classes, channels)
+    model.load_state_dict(state["model"])
+    model.eval()
+    inputs = torch.stack([val_set[i][0] for i in range(len(val_set))])
+    labels = torch.tensor([val_set[i][1] for i in range(len(val_set))])
+    with torch.no_grad():
+        return (model(inputs).argmax(dim=1) == labels).sum().item() / len(labels)
 
 
 def test_two_workers_equal_one_worker_with_the_same_global_batch(tmp_path):

@@ -20,6 +20,7 @@ and renaming, unreadable ones) and every rank that sees it loads it itself,
 memory-mapped (one copy per node in the page cache). Where some rank cannot see
 it (node-local output directories) rank 0 sends it tensor by tensor.
 """
+import contextlib
 import os
 import re
 import shutil
@@ -144,18 +145,21 @@ class RngState:
 class Checkpointer:
     """Saves and restores the run's components; every method is collective."""
 
-    def __init__(self, ctx, directory, shared, per_rank, keep):
+    def __init__(self, ctx, directory, shared, per_rank, keep, shared_view=None):
         self.ctx = ctx
         self.directory = Path(directory)
         self.shared = shared  # name -> component, identical on every rank
         self.per_rank = per_rank  # name -> component, one entry per rank
         self.keep = keep
+        # Collective context in which the shared components show what is saved
+        # (e.g. batchnorm.averaged: the ranks' average statistics).
+        self.shared_view = shared_view or contextlib.nullcontext
 
     def save(self, step, settings, is_best=False, extra=None):
         """Write checkpoint ``step`` (rank 0); every rank waits until it is on disk."""
         ranks = hvd.allgather_object({name: part.state_dict() for name, part in self.per_rank.items()},
                                      name="checkpoint.ranks")  # Horovod: every rank's entry
-        with self.ctx.watchdog.phase("writing a checkpoint"):
+        with self.ctx.watchdog.phase("writing a checkpoint"), self.shared_view():
             if self.ctx.is_main:
                 state = {"format": FORMAT, **{name: part.state_dict() for name, part in self.shared.items()},
                          "ranks": ranks, "settings": dict(settings), **(extra or {})}

@@ -155,24 +155,6 @@ def to_sync_batchnorm(module):
     return module
 
 
-def average_batchnorm_buffers(model):
-    """Horovod: every rank's BatchNorm running statistics replaced by their average.
-
-    Without SyncBatchNorm each rank's statistics follow its own shard; rank 0's
-    alone would be saved while every rank evaluates with its own, so the
-    reported accuracy would not be the saved model's. Call it on every rank.
-    """
-    buffers = [(f"{name}.{kind}", getattr(module, kind)) for name, module in model.named_modules()
-               if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.track_running_stats
-               for kind in ("running_mean", "running_var")]
-    if not buffers:
-        return
-    averaged = hvd.grouped_allreduce([tensor for _, tensor in buffers], op=hvd.Average,
-                                     name="batchnorm_buffers")
-    for (_, tensor), value in zip(buffers, averaged):
-        tensor.copy_(value)
-
-
 def seed_everything(seed):
     """Seed Python, NumPy and torch the same way on every rank."""
     random.seed(seed)

@@ -78,7 +78,7 @@ class Run:
     """Checkpoints, stop requests, log and throughput around a trainer's own loop."""
 
     def __init__(self, ctx, settings, state, components, meter, total_steps, stop_request, extra=None,
-                 before_checkpoint=None):
+                 per_rank=None, shared_view=None):
         self.ctx = ctx
         self.settings = settings
         self.state = state
@@ -86,10 +86,10 @@ class Run:
         self.last_step = min(settings.stop_after or total_steps, total_steps)  # this launch's
         self.stop_request = stop_request
         self.extra = extra or {}  # plain values saved beside the components
-        self.before_checkpoint = before_checkpoint  # collective, e.g. averaging BatchNorm statistics
         self.checkpointer = Checkpointer(
             ctx, settings.output_dir, shared={**components, "train_state": state},
-            per_rank={"rng": RngState(), "meter": meter}, keep=settings.keep_checkpoints)
+            per_rank={"rng": RngState(), "meter": meter, **(per_rank or {})}, keep=settings.keep_checkpoints,
+            shared_view=shared_view)
         self.throughput = Throughput()
         self.log = None
         self.resumed = False
@@ -137,8 +137,6 @@ class Run:
         return f"{received[rank]} (rank {rank})"
 
     def checkpoint(self, is_best=False):
-        if self.before_checkpoint is not None:
-            self.before_checkpoint()
         self.checkpointer.save(self.state.step, self.settings, is_best, self.extra)
 
     def stop(self, reason, results, checkpoint=True):

@@ -30,6 +30,7 @@ OPERATIONAL = {
     "output_dir", "export_dir", "resume", "data", "init_checkpoint", "threads", "workers",
     "verify_images", "checkpoint_every", "keep_checkpoints", "log_every", "stop_check_every", "stop_after",
     "timeline", "config",
+    "scaled_lr",  # follows from lr, world_size and accumulation_steps, which are compared
 }
 
 

@@ -30,7 +30,7 @@ class Model(torch.nn.Module):
     def __init__(self, elements, fill):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.full((elements,), fill))
-        self.register_buffer("half", torch.full((3, 5), fill, dtype=torch.bfloat16))
+        self.register_buffer("bf16", torch.full((3, 5), fill, dtype=torch.bfloat16))
         self.register_buffer("count", torch.tensor(int(fill * 1000), dtype=torch.int64))
         self.register_buffer("mask", torch.arange(7) % 2 == 0)
 
@@ -79,7 +79,7 @@ def main():
     seconds = time.perf_counter() - started
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     assert state is not None, "no checkpoint restored"
-    ok = (bool((model.weight == 0.25).all()) and bool((model.half == 0.25).all())
+    ok = (bool((model.weight == 0.25).all()) and bool((model.bf16 == 0.25).all())
           and int(model.count) == 250 and model.mask.tolist() == [True, False] * 3 + [True]
           and counter.value == 7 and checkpointer.per_rank["counter"].value == 100 + ctx.rank)
     # Horovod: every rank's verdict.
