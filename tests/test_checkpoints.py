@@ -64,14 +64,15 @@ def test_node_local_checkpoint_is_sent_tensor_by_tensor(tmp_path):
     assert run.output.count("all ranks ok: True") == 2, run.describe()
 
 
-def test_corrupt_newest_checkpoint_is_renamed_and_the_previous_one_used(tmp_path):
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_corrupt_newest_checkpoint_is_renamed_and_the_previous_one_used(tmp_path, transport, need_mpi):
     out = tmp_path / "out"
     common = [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "2", "--checkpoint-every", "10",
               "--keep-checkpoints", "2"]
-    ok(horovodrun(2, [*common, "--stop-after", "30"], timeout=180))
+    ok(horovodrun(2, [*common, "--stop-after", "30"], timeout=180, transport=transport))
     newest = out / "step-000000030.pt"
     newest.write_bytes(newest.read_bytes()[:5000])  # a write cut short by a full disk
-    run = ok(horovodrun(2, [*common, "--stop-after", "35"], timeout=180))
+    run = ok(horovodrun(2, [*common, "--stop-after", "35"], timeout=180, transport=transport))
     assert f"checkpoint {newest} is unreadable" in run.output, run.describe()
     assert "resuming at epoch 0 batch 20 (step 20)" in run.output, run.describe()
     assert (out / "step-000000030.pt.corrupt").is_file()

@@ -1,10 +1,9 @@
-"""Optimiser pieces written once: decay groups, LAMB, safe state broadcast, schedules."""
+"""Optimiser pieces written once: decay groups, LAMB, schedules."""
 import math
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from . import dist
 
 
 def decay_groups(model, weight_decay):
@@ -68,18 +67,6 @@ class LAMB(torch.optim.Optimizer):
                                     weight_norm / update_norm, torch.ones_like(weight_norm))
                 parameter.add_(update * trust, alpha=-group["lr"])
         return loss
-
-
-def broadcast_optimizer_state(optimizer, root_rank=0):
-    """Give every rank rank 0's optimizer state, without taking a step.
-
-    ``hvd.broadcast_optimizer_state`` initialises empty state by running
-    ``optimizer.step()`` with zero gradients, which still applies weight decay
-    and so moves the weights. Sending the state dict itself moves nothing.
-    """
-    state = dist.broadcast_object(optimizer.state_dict(), root_rank=root_rank,
-                                  name="optimizer_state")
-    optimizer.load_state_dict(state)
 
 
 def warmup_then_decay(optimizer, warmup_steps, total_steps, decay="cosine",
