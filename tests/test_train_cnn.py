@@ -146,6 +146,10 @@ def test_image_folder_of_mixed_modes_trains_one_epoch_under_mpi(tmp_path, need_m
     assert "12 train / 6 val images, 3 classes" in run.output, run.describe()
     results = json.loads((out / "results.json").read_text())
     assert results["epochs"] == 1 and results["steps"] == 3 and results["world_size"] == 2
+    # An epoch shorter than the 5 warm-up steps is rated over its steps, not reported as 0.
+    assert results["images_per_sec"] > 0
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["images_per_sec"] > 0, row
     # 6 validation images split 3 + 3 over the ranks: accuracy is a multiple of 1/6.
     assert abs(results["val_top1"] * 6 - round(results["val_top1"] * 6)) < 1e-6
 

@@ -13,7 +13,9 @@ What it owns, once for both: the shared command-line flags, the train state
 (which signal reached which rank), the run log and throughput.
 """
 import argparse
+import resource
 import sys
+import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -104,10 +106,14 @@ class Run:
             adjusted.extend(settings_module.check_resume(saved["settings"], self.settings,
                                                          self.settings.output_dir))
 
+        started = time.perf_counter()
         restored = self.checkpointer.restore(check=check)
         self.resumed = restored is not None
         if self.resumed:
             settings_module.announce(adjusted, self.ctx.print0)
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+            self.ctx.print0(f"restored step {self.state.step} from {self.settings.output_dir} in "
+                            f"{time.perf_counter() - started:.1f} s (rank 0 peak RSS so far {peak:.2f} GiB)")
         else:
             # Horovod: every rank starts from rank 0's weights (the optimizer state is still empty).
             hvd.broadcast_parameters(self.checkpointer.shared["model"].state_dict(), root_rank=0)
