@@ -56,6 +56,8 @@ def parse_args(argv=None):
     train.add_argument("--accumulation-steps", type=cli.positive_int, default=1,
                        help="micro-batches per update (one allreduce per update)")
     train.add_argument("--optimizer", choices=("lamb", "adamw"), default="lamb")
+    train.add_argument("--lamb-nvlamb", action="store_true",
+                       help="NVLAMB: the LAMB trust ratio also for biases and LayerNorm (FusedLAMB use_nvlamb)")
     train.add_argument("--lr", type=cli.positive_float,
                        help="peak learning rate (default: 6e-3 for LAMB as NVIDIA's phase 1, 1e-3 for AdamW)")
     train.add_argument("--warmup-proportion", type=cli.fraction, default=0.1)
@@ -81,6 +83,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.export_dir = args.export_dir or args.output_dir / "model"
     args.lr = args.lr or (6e-3 if args.optimizer == "lamb" else 1e-3)
+    if args.lamb_nvlamb and args.optimizer != "lamb":
+        parser.error("--lamb-nvlamb only applies to --optimizer lamb")
     return args
 
 
@@ -158,7 +162,7 @@ def autocast_settings(args, ctx):
 def build_optimizer(args, model):
     groups = optim.decay_groups(model, args.weight_decay)
     if args.optimizer == "lamb":
-        optimizer = optim.LAMB(groups, lr=args.lr)
+        optimizer = optim.LAMB(groups, lr=args.lr, nvlamb=args.lamb_nvlamb)
     else:
         optimizer = torch.optim.AdamW(groups, lr=args.lr)
     # Horovod: average gradients once per update, after all accumulated micro-batches.

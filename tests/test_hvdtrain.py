@@ -1,4 +1,5 @@
 """Unit tests of the shared package (single process; Horovod with size 1)."""
+import math
 import random
 
 import numpy as np
@@ -74,16 +75,62 @@ def test_decay_groups_exempt_biases_and_norms():
 
 def test_lamb_moves_each_layer_by_lr_times_its_norm():
     # With one step and no decay the Adam update is ~sign(grad), and the trust
-    # ratio rescales it to ||w||: every tensor moves by lr * ||w||, whatever its scale.
+    # ratio (here on every tensor: NVLAMB) rescales it to ||w||: every tensor
+    # moves by lr * ||w||, whatever its scale.
     torch.manual_seed(0)
     big = torch.nn.Parameter(torch.randn(10) * 100)
     small = torch.nn.Parameter(torch.randn(10) * 0.01)
     before = [big.detach().clone(), small.detach().clone()]
-    opt = optim.LAMB([big, small], lr=0.01, weight_decay=0.0)
+    opt = optim.LAMB([big, small], lr=0.01, weight_decay=0.0, nvlamb=True)
     (big.sum() * 3 + (small ** 2).sum()).backward()
     opt.step()
     for new, old in zip((big, small), before):
         assert torch.isclose((new.detach() - old).norm(), 0.01 * old.norm(), rtol=1e-3)
+
+
+def lamb_first_step_by_hand(weights, grads, lr, weight_decay, eps, adapt):
+    """One LAMB step from zero moments, written out from the formulas.
+
+    Step 1: m = (1-b1) g and v = (1-b2) g^2, so the bias-corrected m_hat = g and
+    v_hat = g^2; update = m_hat / (sqrt(v_hat) + eps) + weight_decay * w; with
+    adaptation w -= lr * (||w|| / ||update||) * update, without w -= lr * update.
+    """
+    update = [g / (abs(g) + eps) + weight_decay * w for w, g in zip(weights, grads)]
+    ratio = 1.0
+    if adapt:
+        ratio = math.sqrt(sum(w * w for w in weights)) / math.sqrt(sum(u * u for u in update))
+    return [w - lr * ratio * u for w, u in zip(weights, update)]
+
+
+@pytest.mark.parametrize("nvlamb", [False, True], ids=["fusedlamb-default", "nvlamb"])
+def test_lamb_first_step_matches_the_formulas(nvlamb):
+    """Trust ratio for decayed tensors always; for weight_decay-0 groups (biases,
+    LayerNorm) only with nvlamb, as apex FusedLAMB(use_nvlamb=...) does."""
+    lr, weight_decay, eps = 0.01, 0.1, 1e-6
+    weights = {"decayed": [3.0, 4.0], "exempt": [0.6, 0.8]}
+    grads = {"decayed": [2.0, -1.0], "exempt": [-3.0, 0.5]}
+    params = {name: torch.nn.Parameter(torch.tensor(w, dtype=torch.float64)) for name, w in weights.items()}
+    for name, parameter in params.items():
+        parameter.grad = torch.tensor(grads[name], dtype=torch.float64)
+    opt = optim.LAMB([{"params": [params["decayed"]], "weight_decay": weight_decay},
+                      {"params": [params["exempt"]], "weight_decay": 0.0}],
+                     lr=lr, eps=eps, nvlamb=nvlamb)
+    opt.step()
+    expected = {
+        "decayed": lamb_first_step_by_hand(weights["decayed"], grads["decayed"], lr, weight_decay, eps,
+                                           adapt=True),
+        "exempt": lamb_first_step_by_hand(weights["exempt"], grads["exempt"], lr, 0.0, eps, adapt=nvlamb),
+    }
+    for name, parameter in params.items():
+        assert parameter.tolist() == pytest.approx(expected[name], rel=0, abs=1e-12), name
+    # The two modes really differ for the exempt tensor: ||w|| = 1, ||update|| ~ sqrt(2).
+    plain = lamb_first_step_by_hand(weights["exempt"], grads["exempt"], lr, 0.0, eps, adapt=False)
+    adapted = lamb_first_step_by_hand(weights["exempt"], grads["exempt"], lr, 0.0, eps, adapt=True)
+    assert abs(plain[0] - adapted[0]) > 1e-3
+    # The state format is unchanged: per tensor a step count and the two moments.
+    assert all(set(opt.state[p]) == {"step", "exp_avg", "exp_avg_sq"} for p in params.values())
+    assert all(set(group) == {"params", "lr", "betas", "eps", "weight_decay"}
+               for group in opt.state_dict()["param_groups"])
 
 
 def test_schedule_warms_up_linearly_then_decays_to_zero():
