@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hvdtrain import checkpoint, dist, optim
+from hvdtrain.cli import UsageError
 from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler, assign_files
 
 
@@ -145,6 +146,25 @@ def test_schedule_warms_up_linearly_then_decays_to_zero():
     assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert rates[4] == pytest.approx(1.0) and rates[-1] < 0.05
     assert all(a >= b for a, b in zip(rates[4:], rates[5:]))
+
+
+def test_cuda_device_is_the_local_rank_when_every_rank_sees_every_gpu():
+    # --gpus-per-node=4 --ntasks-per-node=4: each rank sees all 4 (or more) GPUs.
+    assert [dist.cuda_device_index(r, 4, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert [dist.cuda_device_index(r, 2, 8) for r in range(2)] == [0, 1]
+
+
+def test_cuda_device_is_0_when_each_rank_sees_only_its_own_gpu():
+    # --gpus-per-task=1 or a per-rank CUDA_VISIBLE_DEVICES: set_device(local_rank)
+    # would ask for a device that does not exist on every rank but the first.
+    assert [dist.cuda_device_index(r, 4, 1) for r in range(4)] == [0, 0, 0, 0]
+
+
+def test_fewer_gpus_than_ranks_on_a_node_is_a_one_line_usage_error():
+    with pytest.raises(UsageError) as error:
+        dist.cuda_device_index(3, 4, 2)
+    message = str(error.value)
+    assert "4 ranks share 2 visible GPUs" in message and "\n" not in message, message
 
 
 def test_sync_batchnorm_conversion_keeps_every_statistic():
