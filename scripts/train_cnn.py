@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 import horovod.torch as hvd
 
-from hvdtrain import checkpoint, cli, dist, images, optim
+from hvdtrain import checkpoint, cli, dist, images, optim, signals
 from hvdtrain.cli import UsageError
 from hvdtrain.metrics import SumMeter, Throughput, topk_correct, total_throughput
 from hvdtrain.models import resnet
@@ -310,9 +310,8 @@ def train_epoch(args, ctx, trainer, train_data, progress, total_steps, stop_requ
 def make_loader(dataset, sampler, batch_size, workers, pin_memory):
     extra = {}
     if workers > 0:
-        # Horovod's advice: forkserver workers, since fork is unsafe with some
-        # InfiniBand/MPI stacks once the communication thread runs.
-        extra = {"multiprocessing_context": "forkserver"}
+        # Horovod: forkserver workers that leave SIGTERM/SIGUSR1 to the rank.
+        extra = signals.worker_loader_options()
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       pin_memory=pin_memory, drop_last=False, **extra)
 
