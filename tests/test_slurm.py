@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import require_module, require_program
+from image_data import make_image_folder
 from launch import REPO, SCRIPTS, launch, python
 from slurm_cluster import run, slurm_cluster  # noqa: F401  (the session fixture)
 
@@ -202,6 +204,53 @@ def test_train_cnn_sbatch_every_launcher_and_requeue_matches_uninterrupted(
         final = final_checkpoint(tmp_path / name, steps)
         assert_same_tensors(final["model"], baseline["model"], f"{name} model")
         assert_same_tensors(final["optimizer"], baseline["optimizer"], f"{name} optimizer")
+
+
+# Image folder runs with DataLoader workers, stopped mid-run: 15 steps per epoch.
+IMAGE_RUN = ["--dataset", "imagefolder", "--model", "convnet", "--image-size", "16", "--batch-size", "2",
+             "--workers", "2", "--epochs", "20", "--checkpoint-every", "5", "--keep-checkpoints", "1"]
+IMAGE_STEPS = 40
+
+
+def wait_for_checkpoint(cluster, job, directory):
+    """Until the first periodic checkpoint: DataLoader workers are delivering batches."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not list(Path(directory).glob("step-*.pt")):
+        info = cluster.job(job)
+        if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING") or time.monotonic() > deadline:
+            pytest.fail(f"job {job}: no checkpoint in {directory}: {info}\n{cluster.job_output(info)}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def signalled_image_jobs(slurm_cluster, tmp_path_factory):
+    """Three image-folder jobs side by side, srun, mpirun and horovodrun, each sent
+    USR1 once its DataLoader workers run. Returns {launcher: (job info, log, output dir)}."""
+    require_module("horovod.torch")
+    require_program("mpirun", "install Open MPI or `make setup` as root")
+    root = tmp_path_factory.mktemp("signalled")
+    data = make_image_folder(root / "images", train_per_class=20)
+    jobs = {launcher: submit(slurm_cluster, SLURM / "train_cnn.sbatch", root / f"{launcher}.out",
+                             ["--data", data, "--output-dir", root / launcher, *IMAGE_RUN,
+                              "--max-steps", IMAGE_STEPS], launcher=launcher)
+            for launcher in LAUNCHERS}
+    for launcher, job in jobs.items():
+        wait_for_checkpoint(slurm_cluster, job, root / launcher)
+        send_usr1_to_batch_shell(slurm_cluster, job)
+    return {launcher: (slurm_cluster.wait_for_end(job, JOB_TIMEOUT), (root / f"{launcher}.out").read_text(),
+                       root / launcher)
+            for launcher, job in jobs.items()}
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_usr1_with_dataloader_workers_requeues_and_finishes(signalled_image_jobs, launcher):
+    """Slurm and the launchers signal a rank's whole process tree: DataLoader workers
+    leave USR1 to their rank, which checkpoints; the requeued run finishes."""
+    info, log, out = signalled_image_jobs[launcher]
+    assert_requeued_once(None, info.get("JobId"), info, log)
+    assert re.search(r"stopped by SIGUSR1 \(rank \d\) at step \d+", log), log
+    assert "Traceback" not in log and "exited unexpectedly" not in log, log
+    assert json.loads((out / "results.json").read_text())["steps"] == IMAGE_STEPS
 
 
 def prepare_bert_data(output_dir, seq_length):
