@@ -53,6 +53,8 @@ def parse_args(argv=None):
     train.add_argument("--steps", type=cli.positive_int, default=200, help="optimizer steps in the schedule")
     train.add_argument("--batch-size", type=cli.positive_int, default=16, help="sequences per rank per micro-batch")
     train.add_argument("--optimizer", choices=("lamb", "adamw"), default="lamb")
+    train.add_argument("--lamb-nvlamb", action="store_true",
+                       help="NVLAMB: the LAMB trust ratio also for biases and LayerNorm (FusedLAMB use_nvlamb)")
     train.add_argument("--lr", type=cli.positive_float,
                        help="peak learning rate (default: 6e-3 for LAMB as NVIDIA's phase 1, 1e-3 for AdamW)")
     train.add_argument("--warmup-proportion", type=cli.fraction, default=0.1)
@@ -69,6 +71,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.export_dir = args.export_dir or args.output_dir / "model"
     args.lr = args.lr or (6e-3 if args.optimizer == "lamb" else 1e-3)
+    if args.lamb_nvlamb and args.optimizer != "lamb":
+        parser.error("--lamb-nvlamb only applies to --optimizer lamb")
     return args
 
 
@@ -146,7 +150,7 @@ def autocast_settings(args, ctx):
 def build_optimizer(args, model):
     groups = optim.decay_groups(model, args.weight_decay)
     if args.optimizer == "lamb":
-        optimizer = optim.LAMB(groups, lr=args.lr)
+        optimizer = optim.LAMB(groups, lr=args.lr, nvlamb=args.lamb_nvlamb)
     else:
         optimizer = torch.optim.AdamW(groups, lr=args.lr)
     # Horovod: average gradients once per update, after all accumulated micro-batches.

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 import horovod.torch as hvd
 
-from hvdtrain import batchnorm, cli, dist, images, optim
+from hvdtrain import batchnorm, cli, dist, images, optim, signals
 from hvdtrain import run as run_skeleton
 from hvdtrain.cli import UsageError
 from hvdtrain.metrics import SumMeter, topk_correct, total_throughput
@@ -271,9 +271,8 @@ def end_epoch(run, trainer, val_loader, meter, steps_per_epoch):
 def make_loader(dataset, sampler, batch_size, workers, pin_memory):
     extra = {}
     if workers > 0:
-        # Horovod's advice: forkserver workers, since fork is unsafe with some
-        # InfiniBand/MPI stacks once the communication thread runs.
-        extra = {"multiprocessing_context": "forkserver"}
+        # Horovod: forkserver workers that leave SIGTERM/SIGUSR1 to the rank.
+        extra = signals.worker_loader_options()
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       pin_memory=pin_memory, drop_last=False, **extra)
 

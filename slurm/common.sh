@@ -20,6 +20,17 @@
 # The launcher runs in the background and the shell waits on it, because bash
 # runs a trap only between commands: a foreground launcher would delay it
 # until training ended.
+#
+# SIGTERM (scancel, preemption, the time limit) makes the ranks checkpoint and
+# exit 0 like USR1, and the trap passes it on like USR1 (without the requeue).
+# But a plain `scancel` or the time limit signals every process of the job,
+# not only this shell: with proctrack/linuxproc the batch step's whole process
+# tree, deepest first, this shell last, then SIGKILL KillWait seconds later
+# (measured on the test cluster). srun passes SIGTERM on and waits for its
+# ranks; mpirun and horovodrun answer it by killing theirs (mpirun after
+# odls_base_sigkill_timeout, 1 s; horovodrun --gloo after 5 s), often before
+# the ranks reach their next stop check. Prefer srun, or USR1
+# (`scancel --signal=USR1 --batch`), where the checkpoint matters.
 
 hvd_log() { printf '[hvd %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 hvd_fail() { printf '%s: error: %s\n' "${SLURM_JOB_NAME:-${0##*/}}" "$*" >&2; exit 2; }
@@ -71,13 +82,14 @@ hvd_local_rank_pids() {
     done
 }
 
-# Deliver a signal to the ranks. srun and Open MPI's mpirun forward USR1 to every
-# rank. horovodrun does not (it would exit and kill the ranks), so signal the
-# ranks on this node directly: StopRequest.should_stop() is an allreduce, so
-# every rank on every node stops after the same step.
+# Deliver a signal to the ranks. srun forwards USR1 and TERM to every rank, Open
+# MPI's mpirun USR1 (TERM would make it end the job). horovodrun forwards neither
+# (it would exit and kill the ranks). Otherwise signal the ranks on this node
+# directly: StopRequest.should_stop() is an allreduce, so every rank on every
+# node stops after the same step.
 hvd_signal_ranks() {
     local signal=$1 pids tries
-    if [ "$LAUNCHER" != horovodrun ]; then
+    if [ "$LAUNCHER" = srun ] || { [ "$LAUNCHER" = mpirun ] && [ "$signal" = USR1 ]; }; then
         kill -s "$signal" "$HVD_LAUNCHER_PID" 2>/dev/null
         return
     fi
@@ -101,10 +113,13 @@ hvd_on_usr1() {
 }
 
 hvd_on_term() {
-    # Cancelled, preempted or out of time: Slurm signals every process of the
-    # job itself (and requeues a preempted job itself). Wait for the ranks.
-    hvd_log "TERM: the ranks stop after their current step"
+    # Cancelled, preempted or out of time (a preempted job is requeued by Slurm
+    # itself). Pass it on: ranks that horovodrun started over ssh, or all of them
+    # when only this shell was signalled (scancel --signal=TERM --batch), would
+    # not get it otherwise.
+    hvd_log "TERM: asking the ranks to checkpoint and stop"
     HVD_REQUEUE=0
+    hvd_signal_ranks TERM
 }
 
 # Wait for the launcher. `wait` returns early when a trapped signal arrives,

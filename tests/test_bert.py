@@ -249,6 +249,11 @@ def test_bad_inputs_single_process(data_dir, tmp_path):
                           timeout=60), "input not found")
 
 
+def test_nvlamb_without_lamb_is_a_one_line_error(tmp_path):
+    run = python([PRETRAIN, "--data", tmp_path, "--optimizer", "adamw", "--lamb-nvlamb"], timeout=120)
+    one_line_error(run, "--lamb-nvlamb only applies to --optimizer lamb")
+
+
 def test_bad_inputs_stop_every_rank(data_dir, small_static_data, pretrained, tmp_path, need_mpi):
     """Problems only some ranks see: every rank exits 2 with one line, no hang."""
     broken = tmp_path / "broken"

@@ -1,4 +1,5 @@
 """Unit tests of the shared package (single process; Horovod with size 1)."""
+import math
 import random
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from hvdtrain import checkpoint, dist, optim
+from hvdtrain.cli import UsageError
 from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler, assign_files
 
 
@@ -86,16 +88,62 @@ def test_decay_groups_exempt_biases_and_norms():
 
 def test_lamb_moves_each_layer_by_lr_times_its_norm():
     # With one step and no decay the Adam update is ~sign(grad), and the trust
-    # ratio rescales it to ||w||: every tensor moves by lr * ||w||, whatever its scale.
+    # ratio (here on every tensor: NVLAMB) rescales it to ||w||: every tensor
+    # moves by lr * ||w||, whatever its scale.
     torch.manual_seed(0)
     big = torch.nn.Parameter(torch.randn(10) * 100)
     small = torch.nn.Parameter(torch.randn(10) * 0.01)
     before = [big.detach().clone(), small.detach().clone()]
-    opt = optim.LAMB([big, small], lr=0.01, weight_decay=0.0)
+    opt = optim.LAMB([big, small], lr=0.01, weight_decay=0.0, nvlamb=True)
     (big.sum() * 3 + (small ** 2).sum()).backward()
     opt.step()
     for new, old in zip((big, small), before):
         assert torch.isclose((new.detach() - old).norm(), 0.01 * old.norm(), rtol=1e-3)
+
+
+def lamb_first_step_by_hand(weights, grads, lr, weight_decay, eps, adapt):
+    """One LAMB step from zero moments, written out from the formulas.
+
+    Step 1: m = (1-b1) g and v = (1-b2) g^2, so the bias-corrected m_hat = g and
+    v_hat = g^2; update = m_hat / (sqrt(v_hat) + eps) + weight_decay * w; with
+    adaptation w -= lr * (||w|| / ||update||) * update, without w -= lr * update.
+    """
+    update = [g / (abs(g) + eps) + weight_decay * w for w, g in zip(weights, grads)]
+    ratio = 1.0
+    if adapt:
+        ratio = math.sqrt(sum(w * w for w in weights)) / math.sqrt(sum(u * u for u in update))
+    return [w - lr * ratio * u for w, u in zip(weights, update)]
+
+
+@pytest.mark.parametrize("nvlamb", [False, True], ids=["fusedlamb-default", "nvlamb"])
+def test_lamb_first_step_matches_the_formulas(nvlamb):
+    """Trust ratio for decayed tensors always; for weight_decay-0 groups (biases,
+    LayerNorm) only with nvlamb, as apex FusedLAMB(use_nvlamb=...) does."""
+    lr, weight_decay, eps = 0.01, 0.1, 1e-6
+    weights = {"decayed": [3.0, 4.0], "exempt": [0.6, 0.8]}
+    grads = {"decayed": [2.0, -1.0], "exempt": [-3.0, 0.5]}
+    params = {name: torch.nn.Parameter(torch.tensor(w, dtype=torch.float64)) for name, w in weights.items()}
+    for name, parameter in params.items():
+        parameter.grad = torch.tensor(grads[name], dtype=torch.float64)
+    opt = optim.LAMB([{"params": [params["decayed"]], "weight_decay": weight_decay},
+                      {"params": [params["exempt"]], "weight_decay": 0.0}],
+                     lr=lr, eps=eps, nvlamb=nvlamb)
+    opt.step()
+    expected = {
+        "decayed": lamb_first_step_by_hand(weights["decayed"], grads["decayed"], lr, weight_decay, eps,
+                                           adapt=True),
+        "exempt": lamb_first_step_by_hand(weights["exempt"], grads["exempt"], lr, 0.0, eps, adapt=nvlamb),
+    }
+    for name, parameter in params.items():
+        assert parameter.tolist() == pytest.approx(expected[name], rel=0, abs=1e-12), name
+    # The two modes really differ for the exempt tensor: ||w|| = 1, ||update|| ~ sqrt(2).
+    plain = lamb_first_step_by_hand(weights["exempt"], grads["exempt"], lr, 0.0, eps, adapt=False)
+    adapted = lamb_first_step_by_hand(weights["exempt"], grads["exempt"], lr, 0.0, eps, adapt=True)
+    assert abs(plain[0] - adapted[0]) > 1e-3
+    # The state format is unchanged: per tensor a step count and the two moments.
+    assert all(set(opt.state[p]) == {"step", "exp_avg", "exp_avg_sq"} for p in params.values())
+    assert all(set(group) == {"params", "lr", "betas", "eps", "weight_decay"}
+               for group in opt.state_dict()["param_groups"])
 
 
 def test_schedule_warms_up_linearly_then_decays_to_zero():
@@ -110,6 +158,25 @@ def test_schedule_warms_up_linearly_then_decays_to_zero():
     assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert rates[4] == pytest.approx(1.0) and rates[-1] < 0.05
     assert all(a >= b for a, b in zip(rates[4:], rates[5:]))
+
+
+def test_cuda_device_is_the_local_rank_when_every_rank_sees_every_gpu():
+    # --gpus-per-node=4 --ntasks-per-node=4: each rank sees all 4 (or more) GPUs.
+    assert [dist.cuda_device_index(r, 4, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert [dist.cuda_device_index(r, 2, 8) for r in range(2)] == [0, 1]
+
+
+def test_cuda_device_is_0_when_each_rank_sees_only_its_own_gpu():
+    # --gpus-per-task=1 or a per-rank CUDA_VISIBLE_DEVICES: set_device(local_rank)
+    # would ask for a device that does not exist on every rank but the first.
+    assert [dist.cuda_device_index(r, 4, 1) for r in range(4)] == [0, 0, 0, 0]
+
+
+def test_fewer_gpus_than_ranks_on_a_node_is_a_one_line_usage_error():
+    with pytest.raises(UsageError) as error:
+        dist.cuda_device_index(3, 4, 2)
+    message = str(error.value)
+    assert "4 ranks share 2 visible GPUs" in message and "\n" not in message, message
 
 
 def test_sync_batchnorm_conversion_keeps_every_statistic():

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import REPO, SCRIPTS, launch, python
+from conftest import require_module, require_program
+from image_data import make_image_folder
+from launch import REPO, SCRIPTS, horovodrun, launch, python
 from slurm_cluster import run, slurm_cluster  # noqa: F401  (the session fixture)
 
 SLURM = REPO / "slurm"
@@ -202,6 +204,72 @@ def test_train_cnn_sbatch_every_launcher_and_requeue_matches_uninterrupted(
         final = final_checkpoint(tmp_path / name, steps)
         assert_same_tensors(final["model"], baseline["model"], f"{name} model")
         assert_same_tensors(final["optimizer"], baseline["optimizer"], f"{name} optimizer")
+
+
+# Image folder runs with DataLoader workers, stopped mid-run: 15 steps per epoch.
+IMAGE_RUN = ["--dataset", "imagefolder", "--model", "convnet", "--image-size", "16", "--batch-size", "2",
+             "--workers", "2", "--epochs", "20", "--checkpoint-every", "5", "--keep-checkpoints", "1"]
+IMAGE_STEPS = 40
+
+
+def wait_for_checkpoint(cluster, job, directory):
+    """Until the first periodic checkpoint: DataLoader workers are delivering batches."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not list(Path(directory).glob("step-*.pt")):
+        info = cluster.job(job)
+        if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING") or time.monotonic() > deadline:
+            pytest.fail(f"job {job}: no checkpoint in {directory}: {info}\n{cluster.job_output(info)}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def signalled_image_jobs(slurm_cluster, tmp_path_factory):
+    """Four image-folder jobs side by side, each signalled once its DataLoader
+    workers run: USR1 under srun, mpirun and horovodrun, and TERM to the batch
+    shell of a horovodrun job. Returns {name: (job info, log, output dir, data)}."""
+    require_module("horovod.torch")
+    require_program("mpirun", "install Open MPI or `make setup` as root")
+    root = tmp_path_factory.mktemp("signalled")
+    data = make_image_folder(root / "images", train_per_class=20)
+    runs = {**{launcher: launcher for launcher in LAUNCHERS}, "horovodrun-term": "horovodrun"}
+    jobs = {name: submit(slurm_cluster, SLURM / "train_cnn.sbatch", root / f"{name}.out",
+                         ["--data", data, "--output-dir", root / name, *IMAGE_RUN, "--max-steps", IMAGE_STEPS],
+                         launcher=launcher)
+            for name, launcher in runs.items()}
+    for name, job in jobs.items():
+        wait_for_checkpoint(slurm_cluster, job, root / name)
+        signal = "TERM" if name.endswith("-term") else "USR1"
+        run(["scancel", f"--signal={signal}", "--batch", job], env=slurm_cluster.env())
+    return {name: (slurm_cluster.wait_for_end(job, JOB_TIMEOUT), (root / f"{name}.out").read_text(),
+                   root / name, data)
+            for name, job in jobs.items()}
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_usr1_with_dataloader_workers_requeues_and_finishes(signalled_image_jobs, launcher):
+    """Slurm and the launchers signal a rank's whole process tree: DataLoader workers
+    leave USR1 to their rank, which checkpoints; the requeued run finishes."""
+    info, log, out, _ = signalled_image_jobs[launcher]
+    assert_requeued_once(None, info.get("JobId"), info, log)
+    assert re.search(r"stopped by SIGUSR1 \(rank \d\) at step \d+", log), log
+    assert "Traceback" not in log and "exited unexpectedly" not in log, log
+    assert json.loads((out / "results.json").read_text())["steps"] == IMAGE_STEPS
+
+
+def test_term_to_a_horovodrun_batch_shell_reaches_the_ranks_and_resumes(signalled_image_jobs):
+    """horovodrun does not forward SIGTERM: the batch shell signals the ranks itself;
+    they checkpoint and exit 0, the job ends without a requeue, a relaunch resumes."""
+    info, log, out, data = signalled_image_jobs["horovodrun-term"]
+    assert info["JobState"] == "COMPLETED" and info.get("Restarts") == "0", f"{info}\n{log}"
+    stopped = re.search(r"stopped by SIGTERM \(rank \d\) at step (\d+)", log)
+    assert stopped and "Traceback" not in log, log
+    step = int(stopped.group(1))
+    assert final_checkpoint(out, step)["step"] == step < IMAGE_STEPS
+    resumed = horovodrun(2, [SCRIPTS / "train_cnn.py", "--data", data, "--output-dir", out, *IMAGE_RUN,
+                             "--max-steps", step + 2], timeout=JOB_TIMEOUT)
+    assert resumed.returncode == 0 and not resumed.timed_out, resumed.describe()
+    assert f"(step {step})" in resumed.output, resumed.describe()
+    assert json.loads((out / "results.json").read_text())["steps"] == step + 2
 
 
 def prepare_bert_data(output_dir, seq_length):

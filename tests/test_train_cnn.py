@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
+from image_data import make_image_folder
 from launch import SCRIPTS, horovodrun, launch, python
 
 SCRIPT = str(SCRIPTS / "train_cnn.py")
@@ -29,31 +29,6 @@ def train(np, args, out, timeout=240, transport="gloo"):
 
 def checkpoint_at(out, step):
     return torch.load(out / f"step-{step:09d}.pt", map_location="cpu", weights_only=True)
-
-
-def make_image_folder(root, classes=("cat", "dog", "fox"), train_per_class=4, val_per_class=2):
-    """JPEG/PNG/GIF/BMP files in every common Pillow mode and in varied sizes."""
-    modes = [("RGB", ".jpg"), ("L", ".png"), ("RGBA", ".png"), ("CMYK", ".jpg"), ("P", ".gif"),
-             ("LA", ".png"), ("I;16", ".png"), ("1", ".bmp"), ("L", ".jpg")]
-    rng = np.random.default_rng(0)
-    count = 0
-    for split, per_class in (("train", train_per_class), ("val", val_per_class)):
-        for label, name in enumerate(classes):
-            folder = root / split / name
-            folder.mkdir(parents=True)
-            for i in range(per_class):
-                mode, suffix = modes[count % len(modes)]
-                count += 1
-                height, width = rng.integers(12, 48, size=2)
-                pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-                pixels[..., label] = 255  # a colour cue per class
-                image = Image.fromarray(pixels)
-                if mode == "I;16":
-                    image = Image.fromarray(pixels[..., 0].astype(np.uint16) * 257)
-                else:
-                    image = image.convert(mode)
-                image.save(folder / f"{i}{suffix}")
-    return root
 
 
 def test_default_data_reaches_95_percent(tmp_path):
@@ -218,6 +193,43 @@ def test_signal_to_one_rank_checkpoints_and_exits_zero_on_every_rank(tmp_path):
     # Signals are checked (collectively) every 10 steps.
     assert state["train_state"]["step"] == step < 5 * 89 and step % 10 == 0 and len(state["ranks"]) == 2
     assert json.loads((out / "results.json").read_text())["completed"] is False
+
+
+# An image folder long enough to signal mid-run: 60 training images, 15 steps
+# per epoch on 2 ranks, DataLoader workers restarted every epoch.
+SIGNALLED_FOLDER_RUN = ["--dataset", "imagefolder", "--model", "convnet", "--image-size", "16",
+                        "--batch-size", "2", "--workers", "2", "--epochs", "20", "--checkpoint-every", "5"]
+
+
+def test_usr1_to_mpirun_with_dataloader_workers_checkpoints_and_resumes(tmp_path, need_mpi):
+    """mpirun passes USR1 to each rank's whole process group, DataLoader workers
+    included: the workers must leave it to their rank, and every rank stops
+    after the same step, checkpoints and exits 0; a relaunch resumes."""
+    data = make_image_folder(tmp_path / "images", train_per_class=20)
+    out = tmp_path / "out"
+    command = ["mpirun", "-np", "2", sys.executable, SCRIPT, "--data", data, "--output-dir", out,
+               *SIGNALLED_FOLDER_RUN]
+    # Signal once the first periodic checkpoint shows the workers delivering batches.
+    script = f"""
+        {' '.join(map(str, command))} &
+        launcher=$!
+        until ls {out}/step-*.pt >/dev/null 2>&1 || ! kill -0 $launcher 2>/dev/null; do sleep 0.1; done
+        kill -USR1 $launcher
+        wait $launcher
+    """
+    run = launch(["bash", "-c", script], timeout=240)
+    assert run.returncode == 0 and not run.timed_out, run.describe()
+    assert "Traceback" not in run.output and "exited unexpectedly" not in run.output, run.describe()
+    match = re.search(r"stopped by SIGUSR1 \(rank \d\) at step (\d+)", run.output)
+    assert match, run.describe()
+    step = int(match.group(1))
+    assert checkpoint_at(out, step)["step"] == step < 20 * 15
+    assert not (out / "results.json").exists()
+
+    resumed = launch([*command, "--max-steps", step + 2], timeout=240)
+    assert resumed.returncode == 0 and not resumed.timed_out, resumed.describe()
+    assert f"(step {step})" in resumed.output and "resuming at epoch" in resumed.output, resumed.describe()
+    assert json.loads((out / "results.json").read_text())["steps"] == step + 2
 
 
 def write_bad_file(folder):

@@ -6,6 +6,7 @@
 import contextlib
 import os
 import random
+import socket
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ import torch
 import horovod.torch as hvd
 
 from . import cli
+from .cli import UsageError
 
 # A rank that freezes (alive but silent) would otherwise hang the job forever:
 # Horovod's stall check only warns unless a shutdown time is set, and with the
@@ -119,10 +121,12 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     hvd.init()  # Horovod: start the background communication thread.
 
-    if use_cuda and torch.cuda.is_available():
-        # Horovod: one GPU per process, chosen by the rank on this node.
-        torch.cuda.set_device(hvd.local_rank())
-        device = torch.device("cuda", hvd.local_rank())
+    # Horovod: one GPU per process (see cuda_device_index); a collective on every
+    # rank, CUDA or not, so that a bad GPU layout stops all ranks with one line.
+    index = agree_on_errors(_cuda_device_for_this_rank, use_cuda)
+    if index is not None:
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
 
@@ -138,6 +142,31 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
                    local_size=hvd.local_size(), device=device,
                    watchdog=Watchdog(watchdog_seconds, hvd.rank(),
                                      float(os.environ.get(PHASE_ENV, DEFAULT_PHASE_SECONDS))))
+
+
+def cuda_device_index(local_rank, local_size, visible_count):
+    """The CUDA device this rank uses, among the ``visible_count`` it can see.
+
+    Two layouts work: every rank of a node sees all of the node's GPUs (pick the
+    local rank's), or each rank sees only its own (Slurm --gpus-per-task=1, a
+    per-rank CUDA_VISIBLE_DEVICES: device 0). Fewer GPUs than ranks is refused
+    rather than shared round robin: NCCL rejects two ranks of one job on one GPU
+    ("Duplicate GPU detected") much later, with a far less clear error.
+    """
+    if visible_count == 1:
+        return 0
+    if visible_count >= local_size:
+        return local_rank
+    raise UsageError(f"{socket.gethostname()}: {local_size} ranks share {visible_count} visible GPUs: "
+                     f"start one rank per GPU (e.g. --ntasks-per-node={visible_count}), or give each "
+                     f"rank its own GPU (--gpus-per-task=1)")
+
+
+def _cuda_device_for_this_rank(use_cuda):
+    """cuda_device_index for this process, or None for the CPU."""
+    if not (use_cuda and torch.cuda.is_available()):
+        return None
+    return cuda_device_index(hvd.local_rank(), hvd.local_size(), torch.cuda.device_count())
 
 
 def to_sync_batchnorm(module):

@@ -26,13 +26,23 @@ class LAMB(torch.optim.Optimizer):
 
     Adam moments with bias correction, decoupled weight decay, then a per-tensor
     trust ratio ||w|| / ||update|| scales the step, so every layer moves by a
-    similar relative amount at large batch sizes. Groups with weight_decay 0
-    (biases, LayerNorm) still use the trust ratio, as in NVIDIA's FusedLAMB.
+    similar relative amount at large batch sizes.
+
+    Groups with weight_decay 0 (biases, LayerNorm) take the plain Adam step
+    (trust ratio 1), as NVIDIA apex's FusedLAMB does by default (use_nvlamb=False):
+    its kernel computes ``ratio = lr`` unless ``use_nvlamb || decay != 0``
+    (NVIDIA/apex csrc/multi_tensor_lamb.cu, LAMBStage2Functor; the flag is
+    apex/optimizers/fused_lamb.py's ``use_nvlamb``). ``nvlamb=True`` applies the
+    trust ratio to every tensor, as FusedLAMB(use_nvlamb=True) does. The flag is
+    an attribute, not a group setting, so state dicts keep their format.
+    FusedLAMB also clips the global gradient norm itself; here the caller does.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
+                 nvlamb=False):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
+        self.nvlamb = nvlamb
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -61,12 +71,17 @@ class LAMB(torch.optim.Optimizer):
                 update = corrected_avg / (corrected_sq.sqrt() + group["eps"])
                 if group["weight_decay"]:
                     update = update.add(parameter, alpha=group["weight_decay"])
-                weight_norm = parameter.norm()
-                update_norm = update.norm()
-                trust = torch.where((weight_norm > 0) & (update_norm > 0),
-                                    weight_norm / update_norm, torch.ones_like(weight_norm))
-                parameter.add_(update * trust, alpha=-group["lr"])
+                if group["weight_decay"] or self.nvlamb:
+                    update = update * trust_ratio(parameter, update)
+                parameter.add_(update, alpha=-group["lr"])
         return loss
+
+
+def trust_ratio(parameter, update):
+    """||w|| / ||update||, or 1 where either norm is 0 (a zero-initialised tensor)."""
+    weight_norm, update_norm = parameter.norm(), update.norm()
+    return torch.where((weight_norm > 0) & (update_norm > 0),
+                       weight_norm / update_norm, torch.ones_like(weight_norm))
 
 
 def warmup_then_decay(optimizer, warmup_steps, total_steps, decay="cosine",

@@ -2,12 +2,23 @@
 
 Slurm sends SIGUSR1 before a time limit (``--signal``) and SIGTERM on
 preemption, but not always to every rank at the same moment. Each rank only
-records the signal; ``should_stop()`` is an allreduce, so all ranks stop after
-the same step even when only one of them was signalled.
+records the signal; ``run.Run.poll_stop_request()`` is an allreduce, so all ranks
+stop after the same step even when only one of them was signalled.
+
+DataLoader workers must survive these signals: Open MPI's orted and Slurm
+signal a rank's whole process group or process tree, and a worker that dies of
+SIGUSR1 ends its rank with "DataLoader worker exited unexpectedly" instead of
+a checkpoint. ``worker_loader_options()`` makes them ignore the signals.
 """
 import signal
+from multiprocessing import forkserver, resource_tracker
 
-from . import dist
+
+# Signals a launcher or Slurm sends to every process of a rank. A DataLoader
+# worker ignores them all, SIGINT included: Ctrl-C still ends the job through
+# the rank (KeyboardInterrupt, exit 130), whose DataLoader then shuts its workers
+# down; a worker that died first would only add "exited unexpectedly" tracebacks.
+WORKER_IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 class StopRequest:
@@ -19,6 +30,39 @@ class StopRequest:
     def _record(self, number, _frame):
         self.received = signal.Signals(number).name
 
-    def should_stop(self):
-        """Collective: True on every rank once any rank has been signalled."""
-        return dist.any_rank_true(self.received is not None)
+
+def ignore_in_worker(_worker_id=None):
+    """DataLoader ``worker_init_fn``: leave the launcher's signals to the rank."""
+    for number in WORKER_IGNORED_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+
+
+def start_forkserver():
+    """Start multiprocessing's fork server with the worker signals blocked.
+
+    forkserver DataLoader workers are forked by this server, not by the rank,
+    and inherit its signal mask: blocked from their first instruction, they are
+    safe before ``ignore_in_worker`` runs, and the server (in the rank's process
+    group) survives too. Blocked, not ignored, in the rank for that moment: a
+    signal that arrives meanwhile stays pending and reaches the rank's handler.
+    (CPython starts its resource tracker the same way.) Does nothing once running.
+    """
+    # The fork server starts multiprocessing's resource tracker first (also in the
+    # rank's process group), which unblocks SIGINT and SIGTERM in this thread when
+    # started: start it on its own, then the server.
+    for start in (resource_tracker.ensure_running, forkserver.ensure_running):
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_IGNORED_SIGNALS)
+        try:
+            start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def worker_loader_options():
+    """DataLoader keyword arguments for workers that survive their rank's signals.
+
+    Horovod's advice: forkserver workers, since fork is unsafe with some
+    InfiniBand/MPI stacks once the communication thread runs.
+    """
+    start_forkserver()
+    return {"multiprocessing_context": "forkserver", "worker_init_fn": ignore_in_worker}
