@@ -264,7 +264,7 @@ def test_term_to_a_horovodrun_batch_shell_reaches_the_ranks_and_resumes(signalle
     stopped = re.search(r"stopped by SIGTERM \(rank \d\) at step (\d+)", log)
     assert stopped and "Traceback" not in log, log
     step = int(stopped.group(1))
-    assert final_checkpoint(out, step)["step"] == step < IMAGE_STEPS
+    assert final_checkpoint(out, step)["train_state"]["step"] == step < IMAGE_STEPS
     resumed = horovodrun(2, [SCRIPTS / "train_cnn.py", "--data", data, "--output-dir", out, *IMAGE_RUN,
                              "--max-steps", step + 2], timeout=JOB_TIMEOUT)
     assert resumed.returncode == 0 and not resumed.timed_out, resumed.describe()
