@@ -171,7 +171,10 @@ cuda_toolkit() {
         echo "$CUDA_HOME"; return 0
     fi
     if have nvcc; then
-        home=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+        # Ask nvcc where its toolkit is: the nvcc on PATH may be a wrapper script
+        # (this machine's /usr/local/bin/nvcc execs /usr/local/cuda-13.0/bin/nvcc).
+        home=$(nvcc -v --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
+        home=$(readlink -f "${home:-$(dirname "$(readlink -f "$(command -v nvcc)")")/..}")
         toolkit_complete "$home" && { echo "$home"; return 0; }
         say "nvcc on PATH but $home has no cuda_runtime.h or libcudart.so: not using it" >&2
     fi
