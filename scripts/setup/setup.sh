@@ -213,7 +213,7 @@ build_horovod_wheel() {
         return 0
     fi
 
-    say "building Horovod $HOROVOD_VERSION for torch $torch_version, Python $python_version, $tag (about 4 minutes on 2 cores for cpu, 9 for CUDA)"
+    say "building Horovod $HOROVOD_VERSION for torch $torch_version, Python $python_version, $tag (minutes: see docs/setup-proof.md)"
     work=$(mktemp -d)
     trap 'rm -rf "$work"; trap - RETURN' RETURN
     pip_quiet download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
@@ -253,6 +253,8 @@ install_requirements() {
     local stamp="$VENV/.setup-stamp" want reqs constraints
     want=$(cat requirements.txt "$PATCH" | sha256sum | cut -d' ' -f1)
     want="$want $TORCH_VARIANT $TORCH_INDEX_URL $USE_SYSTEM_TORCH"
+    # An environment's own torch may change under us (a module or container update).
+    [ "$USE_SYSTEM_TORCH" = 0 ] || want="$want $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c 'import horovod.torch' 2>/dev/null; then
         say "requirements already installed"
         return 0
