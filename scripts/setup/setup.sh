@@ -154,7 +154,9 @@ pypi_cuda_toolkit() {
     want=$(sed -n 's/^# CUDA \([0-9.]*\):.*/\1/p' "$CUDA_BUILD_REQUIREMENTS")
     [ "$cuda" = "$want" ] || die "torch is a CUDA $cuda build and no CUDA toolkit is here (nvcc and libcudart.so under CUDA_HOME, or around nvcc on PATH), and $CUDA_BUILD_REQUIREMENTS pins CUDA $want: load a CUDA $cuda module or set CUDA_HOME"
     say "no CUDA toolkit on PATH or in CUDA_HOME: installing the CUDA $cuda compiler wheels of $CUDA_BUILD_REQUIREMENTS for the build" >&2
-    pip_quiet install --no-deps --target "$1/cuda-wheels" -r "$CUDA_BUILD_REQUIREMENTS" >&2
+    # (|| die: errexit does not reach inside the $(...) this runs in)
+    pip_quiet install --no-deps --target "$1/cuda-wheels" -r "$CUDA_BUILD_REQUIREMENTS" >&2 \
+        || die "could not install the CUDA compiler wheels of $CUDA_BUILD_REQUIREMENTS (pip's message above)"
     root=$(dirname "$(dirname "$(compgen -G "$1/cuda-wheels/nvidia/*/bin/nvcc" | head -1)")")
     # The wheels ship libcudart.so.13 only; CMake looks for libcudart.so (and lib64).
     ln -s "$(basename "$(compgen -G "$root/lib/libcudart.so.*" | head -1)")" "$root/lib/libcudart.so"
