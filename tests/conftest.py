@@ -46,3 +46,35 @@ def need_horovod():
 @pytest.fixture
 def need_mpi():
     require_program("mpirun", "install Open MPI (apt-get install openmpi-bin libopenmpi-dev) or `make setup` as root")
+
+
+def cuda_gpus():
+    """CUDA GPUs this process sees (0 without CUDA, or with a CPU build of torch)."""
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the `gpu` tests where no CUDA GPU is visible: the one exception to
+    "under CI=true a missing component fails", since CI here has no GPU."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests or cuda_gpus() > 0:
+        return
+    config.hook.pytest_deselected(items=gpu_tests)
+    items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+    config.stash[_GPU_DESELECTED] = len(gpu_tests)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    count = config.stash.get(_GPU_DESELECTED, 0)
+    if count:
+        terminalreporter.write_line(
+            f"{count} GPU test{'s' if count != 1 else ''} deselected: no CUDA GPU visible "
+            "(torch.cuda.is_available() is False); run them on a GPU machine with "
+            "`.venv/bin/python -m pytest -m gpu tests`")
+
+
+_GPU_DESELECTED = pytest.StashKey[int]()
