@@ -164,5 +164,5 @@ def test_resumed_weights_come_from_the_file_not_a_broadcast_pickle(tmp_path):
     state = torch.load(out / "step-000000003.pt", weights_only=True)
     assert {"format", "model", "optimizer", "scheduler", "scaler", "train_state", "ranks", "settings"} <= set(state)
     assert state["train_state"]["step"] == 3 and len(state["ranks"]) == 2
-    assert {"rng", "meter"} == set(state["ranks"][0])
+    assert {"rng", "meter", "batchnorm"} == set(state["ranks"][0])
     assert state["settings"]["world_size"] == 2 and state["settings"]["lr"] == 0.1

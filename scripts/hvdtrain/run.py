@@ -21,7 +21,7 @@ from pathlib import Path
 
 import horovod.torch as hvd
 
-from . import cli, dist, settings as settings_module
+from . import cli, settings as settings_module
 from .checkpoint import Checkpointer, RngState, clear_run_outputs
 from .metrics import Throughput, total_throughput
 from .runlog import RunLog
@@ -135,12 +135,7 @@ class Run:
 
     def poll_stop_request(self):
         """Collective: None, or which signal reached which rank, e.g. "SIGUSR1 (rank 1)"."""
-        if not dist.any_rank_true(self.stop_request.received is not None):
-            return None
-        # Horovod: every rank's signal, so the message names the one that got it.
-        received = hvd.allgather_object(self.stop_request.received, name="stop_signal")
-        rank = next(r for r, name in enumerate(received) if name)
-        return f"{received[rank]} (rank {rank})"
+        return self.stop_request.describe() if self.stop_request.should_stop() else None
 
     def checkpoint(self, is_best=False):
         self.checkpointer.save(self.state.step, self.settings, is_best, self.extra)

@@ -2,8 +2,8 @@
 
 Slurm sends SIGUSR1 before a time limit (``--signal``) and SIGTERM on
 preemption, but not always to every rank at the same moment. Each rank only
-records the signal; ``run.Run.poll_stop_request()`` is an allreduce, so all ranks
-stop after the same step even when only one of them was signalled.
+records the signal; ``should_stop()`` is an allreduce, so all ranks stop after
+the same step even when only one of them was signalled.
 
 DataLoader workers must survive these signals: Open MPI's orted and Slurm
 signal a rank's whole process group or process tree, and a worker that dies of
@@ -12,6 +12,10 @@ a checkpoint. ``worker_loader_options()`` makes them ignore the signals.
 """
 import signal
 from multiprocessing import forkserver, resource_tracker
+
+import horovod.torch as hvd
+
+from . import dist
 
 
 # Signals a launcher or Slurm sends to every process of a rank. A DataLoader
@@ -29,6 +33,17 @@ class StopRequest:
 
     def _record(self, number, _frame):
         self.received = signal.Signals(number).name
+
+    def should_stop(self):
+        """Collective: True on every rank once any rank has been signalled."""
+        return dist.any_rank_true(self.received is not None)
+
+    def describe(self):
+        """Collective: which signal reached which rank, e.g. "SIGUSR1 (rank 1)"."""
+        # Horovod: every rank's signal, so the message names the one that got it.
+        received = hvd.allgather_object(self.received, name="stop_signal")
+        rank = next(r for r, name in enumerate(received) if name)
+        return f"{received[rank]} (rank {rank})"
 
 
 def ignore_in_worker(_worker_id=None):
