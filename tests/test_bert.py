@@ -57,17 +57,20 @@ def data_dir(tmp_path_factory):
     return directory
 
 
-@pytest.fixture(scope="module")
-def small_static_data(tmp_path_factory):
+def make_small_static_data(root, timeout=120):
     """A few documents from a text file, static masking: an epoch is only a few steps."""
-    root = tmp_path_factory.mktemp("bert-small")
     from hvdtrain.bert_corpus import default_corpus_documents
     text = "\n\n".join("\n".join(document[:30]) for document in default_corpus_documents()[:8])
     (root / "corpus.txt").write_text(text + "\n")
     ok(python([PREPARE, "--input", root / "corpus.txt", "--output-dir", root / "data", "--max-seq-length", "64",
                "--vocab-size", "600", "--dupe-factor", "1", "--num-shards", "2", "--masking", "static"],
-              timeout=120))
+              timeout=timeout))
     return root / "data"
+
+
+@pytest.fixture(scope="module")
+def small_static_data(tmp_path_factory):
+    return make_small_static_data(tmp_path_factory.mktemp("bert-small"))
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import SCRIPTS, horovodrun, launch, python
+from conftest import require
+from launch import SCRIPTS, horovodrun, launch
+from test_bert import make_small_static_data
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_horovod")]
 
 CNN = SCRIPTS / "train_cnn.py"
-PREPARE = SCRIPTS / "prepare_bert_data.py"
 PRETRAIN = SCRIPTS / "pretrain_bert.py"
 # One rank per GPU: Horovod pins rank r of a node to cuda:r.
 NP = max(1, min(2, torch.cuda.device_count()))
@@ -57,14 +58,7 @@ def cnn(args, out, timeout=600):
 @pytest.fixture(scope="module")
 def bert_data(tmp_path_factory):
     """A few documents, static masking: tiny shards for short GPU runs."""
-    root = tmp_path_factory.mktemp("gpu-bert")
-    from hvdtrain.bert_corpus import default_corpus_documents
-    text = "\n\n".join("\n".join(document[:30]) for document in default_corpus_documents()[:8])
-    (root / "corpus.txt").write_text(text + "\n")
-    ok(python([PREPARE, "--input", root / "corpus.txt", "--output-dir", root / "data", "--max-seq-length", "64",
-               "--vocab-size", "600", "--dupe-factor", "1", "--num-shards", "2", "--masking", "static"],
-              timeout=180))
-    return root / "data"
+    return make_small_static_data(tmp_path_factory.mktemp("gpu-bert"), timeout=180)
 
 
 def bert(data, out, args, timeout=600):
@@ -147,8 +141,7 @@ def test_bert_fp16_gradscaler_with_clipping_and_accumulation(bert_data, tmp_path
 
 
 def test_bert_bf16_autocast_without_gradscaler(bert_data, tmp_path):
-    if not torch.cuda.is_bf16_supported():
-        pytest.skip("this GPU has no bf16 support")
+    require(torch.cuda.is_bf16_supported(), "bf16 support on this GPU", "run it on an Ampere or newer GPU")
     out = tmp_path / "bf16"
     run = bert(bert_data, out, ["--precision", "bf16", "--steps", "6", "--checkpoint-every", "0", "--no-resume"])
     assert ", bf16" in run.output, run.describe()

@@ -58,11 +58,6 @@ ARCHITECTURE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_atte
                      "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size")
 
 
-def same_architecture(saved, config):
-    """Whether a saved config dict describes the same network as ``config``."""
-    return all(saved.get(key) == getattr(config, key) for key in ARCHITECTURE_KEYS)
-
-
 def build_model(config):
     from transformers import BertForPreTraining
     return BertForPreTraining(config)

@@ -180,7 +180,7 @@ class Checkpointer:
         when there is no checkpoint; then rank 0's weights go to every rank.
         """
         with self.ctx.watchdog.phase("restoring a checkpoint"):
-            choice = dist.agree_on_errors(self._choose) if self.ctx.is_main else dist.agree_on_errors(lambda: None)
+            choice = dist.agree_on_errors(self._choose)
             # Horovod: a few bytes (the file's name and size), never the checkpoint itself.
             path, size = dist.broadcast_object(choice, root_rank=0, name="checkpoint.choice")
             if path is None:
@@ -197,11 +197,13 @@ class Checkpointer:
             return state
 
     def _choose(self):
-        """(newest readable checkpoint, its size), or (None, None); rank 0.
+        """(newest readable checkpoint, its size), or (None, None); chosen by rank 0.
 
         An unreadable file is renamed ``*.corrupt`` (so it can never outrank or
         prune a good one) and the previous checkpoint is tried.
         """
+        if not self.ctx.is_main:
+            return None
         candidates = checkpoint_paths(self.directory)
         for path in candidates:
             try:
