@@ -17,7 +17,10 @@ SCRIPTS = REPO / "scripts"
 VENV_BIN = Path(sys.executable).parent
 
 # horovodrun --gloo tags lines "[1]<stdout>:", mpirun/horovodrun --mpi "[1,1]<stdout>:".
-_RANK_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:?\s?(.*)$")
+# Open MPI tags each chunk a rank writes, not each line: print() writes the text
+# and its newline separately, so another rank's chunk can land mid-line
+# ("[1,1]<stdout>:a[1,0]<stdout>:b\n[1,1]<stdout>:\n"). Tags are found anywhere.
+_RANK_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:?")
 
 
 @dataclass
@@ -28,13 +31,20 @@ class Launched:
     timed_out: bool
 
     def rank_output(self, rank):
-        """Lines one rank printed (launchers that tag lines by rank)."""
-        lines = []
+        """Lines one rank printed, reassembled from the launcher's tagged chunks."""
+        chunks = []
         for line in self.output.splitlines():
-            match = _RANK_TAG.match(line)
-            if match and int(match.group(1)) == rank:
-                lines.append(match.group(2))
-        return "\n".join(lines)
+            tags = list(_RANK_TAG.finditer(line))
+            if not tags or tags[0].start() != 0:
+                continue  # the launcher's own line, not a rank's
+            for tag, following in zip(tags, tags[1:] + [None]):
+                if int(tag.group(1)) != rank:
+                    continue
+                end = following.start() if following else len(line)
+                # a chunk that runs to the end of the line ended with its newline
+                chunks.append(line[tag.end():end] + ("" if following else "\n"))
+        text = "".join(chunks)
+        return "\n".join(line.removeprefix(" ") for line in text.splitlines())
 
     def describe(self):
         tail = "\n".join(self.output.splitlines()[-60:])

@@ -27,7 +27,7 @@ PRETRAIN = SCRIPTS / "pretrain_bert.py"
 NP = max(1, min(2, torch.cuda.device_count()))
 # Compilation and cuDNN autotuning make first steps slow; the stall watchdog must wait.
 ENV = {"HVDTRAIN_WATCHDOG_SECONDS": "900", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "900"}
-RANK_TRACEBACK = re.compile(r"^\[[\d,]+\]<std(?:out|err)>:\s*Traceback", re.MULTILINE)
+RANK_TRACEBACK = re.compile(r"\[[\d,]+\]<std(?:out|err)>:\s*Traceback")
 
 
 def ok(run):

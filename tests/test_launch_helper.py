@@ -41,3 +41,12 @@ def test_rank_output_reads_both_tag_styles():
                  timeout=30)
     assert run.rank_output(0) == "gloo zero\nmpi zero"
     assert run.rank_output(1) == "mpi one"
+
+
+def test_rank_output_reassembles_chunks_split_mid_line():
+    # Measured under horovodrun --mpi: rank 1's text and its newline arrived as
+    # two chunks with rank 0's whole line between them.
+    run = launch(["printf", "[1,1]<stdout>:ok rank=1[1,0]<stdout>:ok rank=0\n[1,1]<stdout>:\n"
+                  "launcher says hi\n"], timeout=30)
+    assert run.rank_output(0) == "ok rank=0"
+    assert run.rank_output(1) == "ok rank=1"

@@ -14,7 +14,7 @@ from launch import SCRIPTS, horovodrun, launch, python
 
 SCRIPT = str(SCRIPTS / "train_cnn.py")
 # horovodrun tags rank lines "[1]<stderr>:" (gloo) or "[1,1]<stderr>:" (MPI).
-RANK_TRACEBACK = re.compile(r"^\[[\d,]+\]<std(?:out|err)>:\s*Traceback", re.MULTILINE)
+RANK_TRACEBACK = re.compile(r"\[[\d,]+\]<std(?:out|err)>:\s*Traceback")
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 
