@@ -155,7 +155,7 @@ def make_instances(args, files, work, tokenizer):
 def write_my_shards(args, world, instances):
     """Shuffle this rank's instances and write them into shards rank, rank+size, ...
 
-    Returns [{"file", "instances"}] for the metadata.
+    Returns [{"file", "instances", "sha256"}] for the metadata.
     """
     random.Random(f"{args.seed}:shuffle:{world.rank}").shuffle(instances)
     mine = list(range(world.rank, args.num_shards, world.size))
@@ -164,8 +164,8 @@ def write_my_shards(args, world, instances):
         part = instances[position::len(mine)]
         arrays = corpus.instances_to_arrays(part, args.max_seq_length, args.max_predictions_per_seq)
         name = bert_data.shard_name(shard_index)
-        bert_data.write_shard(args.output_dir / name, arrays)
-        written.append({"file": name, "instances": len(part)})
+        digest = bert_data.write_shard(args.output_dir / name, arrays)
+        written.append({"file": name, "instances": len(part), "sha256": digest})
     return written
 
 

@@ -281,7 +281,8 @@ def main(argv=None):
             continue
         if data.epoch != state.epoch:
             with ctx.watchdog.phase("loading this rank's shards"):
-                data.start_epoch(state.epoch)
+                # A damaged shard on one rank: one line and exit 2 on every rank.
+                dist.agree_on_errors(data.start_epoch, state.epoch)
         lr = scheduler.get_last_lr()[0]
         first_compiled = settings.compile and not tokens.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():

@@ -2,6 +2,7 @@
 
 Pure (no Horovod): the trainer passes rank and size in.
 """
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -24,7 +25,9 @@ Shard format, version 1 (a directory written by scripts/prepare_bert_data.py):
                       special_ids, max_seq_length, max_predictions_per_seq,
                       masking ("static" or "dynamic"), masked_lm_prob,
                       short_seq_prob, dupe_factor, seed, num_instances,
-                      shards: [{"file", "instances"}], source, world_size
+                      shards: [{"file", "instances", "sha256"}], source, world_size
+                      (sha256 of each shard file, checked whenever it is loaded;
+                      shards listed without one are checked by value range only)
   tokenizer/          Hugging Face tokenizer (tokenizer.json, tokenizer_config.json)
                       and vocab.txt
   shard-NNNNN.h5      HDF5, one row per instance (NVIDIA's dataset names):
@@ -49,7 +52,10 @@ def shard_name(index):
 # ----------------------------------------------------------------------------- writing
 
 def write_shard(path, arrays):
-    """One shard, written to a temporary name and renamed (no half-written shards)."""
+    """One shard, written to a temporary name and renamed (no half-written shards).
+
+    Returns the file's sha256, recorded in the metadata.
+    """
     import h5py
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -57,7 +63,14 @@ def write_shard(path, arrays):
         handle.attrs["format_version"] = FORMAT_VERSION
         for name, array in arrays.items():
             handle.create_dataset(name, data=array, compression="gzip", compression_opts=1)
+    digest = file_sha256(tmp)
     os.replace(tmp, path)
+    return digest
+
+
+def file_sha256(path):
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def write_metadata(directory, metadata):
@@ -89,12 +102,21 @@ def read_metadata(directory):
     return metadata
 
 
+def verify_checksum(path, entry):
+    """The shard's bytes are those written by prepare_bert_data.py (when it recorded them)."""
+    expected = entry.get("sha256")
+    if expected and file_sha256(path) != expected:
+        raise UsageError(f"corrupt shard {path}: its sha256 differs from the one in {METADATA} "
+                         "(damaged since it was written, or a file from another preparation)")
+
+
 def check_shard(directory, entry, metadata):
     """Open one shard and compare its arrays with the metadata; UsageError naming the file."""
     import h5py
     path = Path(directory) / entry["file"]
     if not path.is_file():
         raise UsageError(f"shard missing: {path}")
+    verify_checksum(path, entry)
     names = ARRAYS + (STATIC_ARRAYS if metadata["masking"] == "static" else ())
     try:
         with h5py.File(path, "r") as handle:
@@ -118,19 +140,38 @@ def metadata_rows(entry):
     return int(entry["instances"])
 
 
-def load_arrays(directory, files, names):
-    """Concatenate ``names`` from shard ``files`` (in that order) into memory."""
+def load_arrays(directory, files, names, metadata):
+    """Concatenate ``names`` from shard ``files`` (in that order) into memory, each checked.
+
+    A damaged or foreign shard is named in a UsageError here, not met later as an
+    IndexError (CPU) or a device-side assert that kills the CUDA context (GPU).
+    """
     import h5py
+    entries = {entry["file"]: entry for entry in metadata["shards"]}
     parts = {name: [] for name in names}
     for file in files:
         path = Path(directory) / file
+        verify_checksum(path, entries[file])
         try:
             with h5py.File(path, "r") as handle:
-                for name in names:
-                    parts[name].append(handle[name][...])
+                arrays = {name: handle[name][...] for name in names}
         except Exception as error:
             raise UsageError(f"corrupt shard {path}: {error.__class__.__name__}: {error}") from None
+        check_values(path, arrays, metadata)
+        for name in names:
+            parts[name].append(arrays[name])
     return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+
+
+def check_values(path, arrays, metadata):
+    """Every token id inside the vocabulary, every position inside the sequence, flags 0/1."""
+    limits = {"input_ids": metadata["vocab_size"], "masked_lm_ids": metadata["vocab_size"],
+              "masked_lm_positions": metadata["max_seq_length"], "segment_ids": 2, "input_mask": 2,
+              "next_sentence_labels": 2}
+    for name, array in arrays.items():
+        if array.size and (array.min() < 0 or array.max() >= limits[name]):
+            raise UsageError(f"corrupt shard {path}: {name} holds values in [{array.min()}, {array.max()}], "
+                             f"outside [0, {limits[name] - 1}] for this data set's {METADATA}")
 
 
 # ----------------------------------------------------------------------------- training data
@@ -177,7 +218,7 @@ class PretrainingData:
         names = ("input_ids", "segment_ids", "input_mask", "next_sentence_labels")
         if self.static:
             names += ("masked_lm_positions", "masked_lm_ids")
-        arrays = load_arrays(self.directory, files, names)
+        arrays = load_arrays(self.directory, files, names, self.metadata)
         if stride > 1:
             arrays = {k: v[self.rank::stride] for k, v in arrays.items()}
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch * 1_009 + self.rank)

@@ -11,7 +11,13 @@ pattern of torchtitan's checkpoint manager):
 - ``settings``: the resolved settings, compared on resume (see settings.py).
 
 Files are written to a temporary name, fsynced and renamed, so a job killed
-mid-write never leaves a truncated newest checkpoint.
+mid-write never leaves a truncated newest checkpoint. Each has a sidecar
+``step-<step>.pt.sha256`` (``sha256sum -c`` reads it), hashed as the bytes are
+written and checked by rank 0 before a resume: a flipped bit (a bad disk, a
+bad copy) is treated like an unreadable file instead of resuming silently from
+wrong weights. The sidecar is renamed into place before its checkpoint, so a
+crash never leaves a checkpoint without one; a checkpoint without one (copied
+without it) is loaded with a note.
 
 Restore never pickles tensors through a broadcast: ``hvd.broadcast_object``
 sends the pickle's size as a 32-bit int and holds several copies, so a 4 GB
@@ -21,6 +27,7 @@ memory-mapped (one copy per node in the page cache). Where some rank cannot see
 it (node-local output directories) rank 0 sends it tensor by tensor.
 """
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -36,25 +43,78 @@ from .cli import UsageError
 FORMAT = 2  # the layout below; earlier checkpoints cannot be resumed
 _NAME = re.compile(r"^step-(\d+)\.pt$")
 CORRUPT_SUFFIX = ".corrupt"
+CHECKSUM_SUFFIX = ".sha256"
 # Tensors sent at once by the tensor-by-tensor fallback (Horovod fuses them).
 _BROADCAST_GROUP = 64
 
 
 def atomic_save(obj, path):
-    """``torch.save`` to ``path`` via a temp file + fsync + rename."""
+    """``torch.save`` to ``path`` via a temp file + fsync + rename, its checksum sidecar first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
+            hashing = _HashingWriter(handle)
+            torch.save(obj, hashing)
             handle.flush()
             os.fsync(handle.fileno())
+        write_checksum(path, hashing.hexdigest())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
+    return hashing.hexdigest()
+
+
+class _HashingWriter:
+    """A write-only file that hashes what passes through (no second read of 4 GB)."""
+
+    def __init__(self, handle):
+        self.handle, self.hash = handle, hashlib.sha256()
+
+    def write(self, data):
+        self.hash.update(data)
+        return self.handle.write(data)
+
+    def flush(self):
+        self.handle.flush()
+
+    def hexdigest(self):
+        return self.hash.hexdigest()
+
+
+def checksum_path(path):
+    return Path(f"{path}{CHECKSUM_SUFFIX}")
+
+
+def write_checksum(path, digest):
+    """``<path>.sha256`` in ``sha256sum`` format, written atomically."""
+    sidecar = checksum_path(path)
+    tmp = sidecar.with_name(f".{sidecar.name}.tmp")
+    with open(tmp, "w") as handle:
+        handle.write(f"{digest}  {Path(path).name}\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, sidecar)
+
+
+def checksum_problem(path):
+    """Why ``path`` does not match its recorded checksum; None if it does or none is recorded."""
+    sidecar = checksum_path(path)
+    try:
+        expected = sidecar.read_text().split()[0]
+    except FileNotFoundError:
+        print(f"note: {path} has no {sidecar.name} (copied without it?); loading it unverified", flush=True)
+        return None
+    except (OSError, IndexError):
+        return f"its checksum file {sidecar.name} is unreadable"
+    with open(path, "rb") as handle:
+        actual = hashlib.file_digest(handle, "sha256").hexdigest()
+    if actual != expected:
+        return f"sha256 {actual[:12]}... differs from the {expected[:12]}... recorded when it was written"
+    return None
 
 
 def _fsync_directory(directory):
@@ -94,6 +154,7 @@ def prune(directory, keep, just_written):
     others = [path for path in checkpoint_paths(directory) if path != just_written]
     for old in others[max(0, keep - 1):]:
         old.unlink(missing_ok=True)
+        checksum_path(old).unlink(missing_ok=True)
 
 
 def load(path):
@@ -107,8 +168,8 @@ def clear_run_outputs(directory):
     Otherwise its higher-numbered checkpoints would outrank the new run's.
     """
     directory = Path(directory)
-    for stale in [*checkpoint_paths(directory), *directory.glob(f"step-*.pt{CORRUPT_SUFFIX}"),
-                  directory / "best.pt", directory / "metrics.jsonl", directory / "results.json"]:
+    for stale in [*directory.glob("step-*.pt*"), directory / "best.pt", checksum_path(directory / "best.pt"),
+                  directory / "metrics.jsonl", directory / "results.json"]:
         stale.unlink(missing_ok=True)
     shutil.rmtree(directory / "tensorboard", ignore_errors=True)
 
@@ -123,6 +184,9 @@ def load_init_checkpoint(path):
         path = newest[0]
     if not path.is_file():
         raise UsageError(f"checkpoint not found: {path}")
+    problem = checksum_problem(path)
+    if problem:
+        raise UsageError(f"checkpoint {path} is damaged: {problem}")
     try:
         state = load(path)
     except Exception as error:
@@ -164,8 +228,9 @@ class Checkpointer:
                 state = {"format": FORMAT, **{name: part.state_dict() for name, part in self.shared.items()},
                          "ranks": ranks, "settings": dict(settings), **(extra or {})}
                 path = checkpoint_path(self.directory, step)
-                atomic_save(state, path)
+                digest = atomic_save(state, path)
                 if is_best:
+                    write_checksum(self.directory / "best.pt", digest)
                     _link_or_copy(path, self.directory / "best.pt")
                 prune(self.directory, self.keep, path)
             # The other ranks wait here, inside the phase, rather than in their
@@ -207,12 +272,13 @@ class Checkpointer:
         candidates = checkpoint_paths(self.directory)
         for path in candidates:
             try:
-                state = load(path)
+                damage = checksum_problem(path)
+                problem = f"damaged: {damage}" if damage else None
+                state = None if damage else load(path)
             except Exception as error:
-                renamed = path.with_name(path.name + CORRUPT_SUFFIX)
-                os.replace(path, renamed)
-                print(f"warning: checkpoint {path} is unreadable ({error.__class__.__name__}); "
-                      f"renamed to {renamed.name}, trying the previous one", flush=True)
+                problem = f"unreadable ({error.__class__.__name__})"
+            if problem:
+                _set_aside(path, problem)
                 continue
             if not isinstance(state, dict) or state.get("format") != FORMAT:
                 raise UsageError(f"cannot resume from {path}: written by an earlier version of the scripts "
@@ -231,6 +297,16 @@ class Checkpointer:
         # Node-local output directories: rank 0 sends the checkpoint, tensor by tensor.
         self.ctx.print0(f"note: {path} is not visible on every rank; sending it from rank 0")
         return broadcast_state(load(path) if self.ctx.is_main else None)
+
+
+def _set_aside(path, problem):
+    """Rename a bad checkpoint (and its checksum) ``*.corrupt``: it can never outrank a good one."""
+    renamed = path.with_name(path.name + CORRUPT_SUFFIX)
+    os.replace(path, renamed)
+    if checksum_path(path).exists():
+        os.replace(checksum_path(path), Path(f"{renamed}{CHECKSUM_SUFFIX}"))
+    print(f"warning: checkpoint {path} is {problem}; renamed to {renamed.name}, trying the previous one",
+          flush=True)
 
 
 def _load_or_fail(path):

@@ -271,15 +271,21 @@ def from_lsf(env):
         if len(mcpu) % 2:
             raise UsageError(f"LSB_MCPU_HOSTS: expected 'host count' pairs, got {' '.join(mcpu)!r}")
         pairs = list(zip(mcpu[0::2], mcpu[1::2]))
+        for name, _ in pairs:
+            _check_lsf_name(name, "LSB_MCPU_HOSTS")
         return merge([Host(name, _slot_count(count, "LSB_MCPU_HOSTS", f"{name} {count}"))
                       for name, count in pairs])
     names = env.get("LSB_HOSTS", "").split()
     if not names:
         raise UsageError("LSB_HOSTS and LSB_MCPU_HOSTS are not set (not inside an LSF job?)")
     for name in names:
-        if not _HOST_RE.match(name):
-            raise UsageError(f"LSB_HOSTS: bad host name {name!r}")
+        _check_lsf_name(name, "LSB_HOSTS")
     return merge([Host(name, 1) for name in names])
+
+
+def _check_lsf_name(name, variable):
+    if not _HOST_RE.match(name):
+        raise UsageError(f"{variable}: bad host name {name!r}")
 
 
 # ---------------------------------------------------------------- output

@@ -129,10 +129,32 @@ def cifar10(directory, size, seed):
             TensorImages(val_x, val_y, CIFAR_MEAN, CIFAR_STD, size, False), 10, 3)
 
 
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles only what CIFAR-10's batches hold: plain values and NumPy arrays.
+
+    ``pickle.load`` would call any function a crafted file names (e.g.
+    ``os.system``) before a format check could look at the result.
+    """
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+               ("numpy", "ndarray"), ("numpy", "dtype"),
+               ("_codecs", "encode")}  # bytes in a protocol-2 pickle written by Python 3
+
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR-10 batch never holds")
+
+
 def _read_cifar_batch(path):
     try:
         with open(path, "rb") as handle:
-            batch = pickle.load(handle, encoding="bytes")  # the data set's own format
+            batch = _CifarUnpickler(handle, encoding="bytes").load()  # the data set's own format
+    except pickle.UnpicklingError as error:
+        raise UsageError(f"refusing CIFAR-10 batch {path}: {error}") from None
+    except Exception as error:
+        raise UsageError(f"cannot read CIFAR-10 batch {path}: {error.__class__.__name__}") from None
+    try:
         data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
         labels = np.asarray(batch[b"labels"], dtype=np.int64)
     except Exception as error:

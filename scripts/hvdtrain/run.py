@@ -13,6 +13,7 @@ What it owns, once for both: the shared command-line flags, the train state
 (which signal reached which rank), the run log and throughput.
 """
 import argparse
+import atexit
 import resource
 import sys
 import time
@@ -21,9 +22,10 @@ from pathlib import Path
 
 import horovod.torch as hvd
 
-from . import cli, settings as settings_module
+from . import cli, dist, settings as settings_module
 from .checkpoint import Checkpointer, RngState, clear_run_outputs
 from .metrics import Throughput, total_throughput
+from .outdir_lock import OutputDirLock
 from .runlog import RunLog
 
 
@@ -38,6 +40,9 @@ def add_run_arguments(parser, output_dir, checkpoint_every):
                           "and deletes that directory's earlier checkpoints and metrics")
     out.add_argument("--checkpoint-every", type=cli.non_negative_int, default=checkpoint_every,
                      help="also checkpoint every N steps (0: only at epoch ends and the end)")
+    out.add_argument("--take-over-lock", action="store_true",
+                     help="use --output-dir even though its run.lock names a run that may still be alive "
+                          "(stale locks are taken over without this)")
     out.add_argument("--keep-checkpoints", type=cli.positive_int, default=3,
                      help="newest step-*.pt kept (plus best.pt where there is one)")
     out.add_argument("--stop-after", "--max-steps", dest="stop_after", type=cli.positive_int, metavar="STEP",
@@ -97,7 +102,8 @@ class Run:
         self.resumed = False
 
     def start(self):
-        """Restore from --output-dir (or clear it), then open the log; collective."""
+        """Lock --output-dir, restore from it (or clear it), then open the log; collective."""
+        dist.agree_on_errors(self._lock_output_dir)
         if not self.settings.resume and self.ctx.is_main:
             clear_run_outputs(self.settings.output_dir)
         adjusted = []
@@ -119,6 +125,12 @@ class Run:
             hvd.broadcast_parameters(self.checkpointer.shared["model"].state_dict(), root_rank=0)
         self.log = RunLog(self.ctx, self.settings.output_dir, self.total_steps, resumed_step=self.state.step)
         return restored
+
+    def _lock_output_dir(self):
+        """Rank 0 holds --output-dir's lock until it exits (see outdir_lock)."""
+        if self.ctx.is_main:
+            lock = OutputDirLock(self.settings.output_dir).acquire(self.settings.take_over_lock)
+            atexit.register(lock.release)
 
     def step_done(self, samples):
         """Count a finished step; returns why this launch must stop now, or None. Collective."""
