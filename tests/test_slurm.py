@@ -321,3 +321,46 @@ def test_bert_phase2_is_cancelled_when_phase1_fails(slurm_cluster, tmp_path):
     assert first["JobState"] == "FAILED", first
     second = slurm_cluster.wait_for_end(phase2, 60)
     assert second["JobState"] == "CANCELLED" and second.get("RunTime") == "00:00:00", second
+
+
+# ---------------------------------------------------------------- the output directory's lock
+def test_output_dir_lock_across_jobs_and_requeues(slurm_cluster, need_horovod, tmp_path):
+    """A lock held by another running job (on another node) stops a job with exit 2; once
+    squeue says that job ended, its lock is taken over; a requeued job (its earlier run's
+    lock, from a node that died) takes over its own lock."""
+    from test_integrity import lock_of
+    args = ["--model", "convnet", "--image-size", "8", "--batch-size", "16", "--epochs", "1", "--stop-after", "2"]
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = slurm_cluster.sbatch(["--output", tmp_path / "holder.out", "--wrap", "sleep 300"])
+    slurm_cluster.wait_for_state(holder, "RUNNING", 60)
+    (out / "run.lock").write_text(lock_of(4242, host="node-elsewhere", slurm_job_id=holder))
+    log = tmp_path / "refused.out"
+    job = submit(slurm_cluster, SLURM / "train_cnn.sbatch", log, ["--output-dir", out, *args])
+    info = slurm_cluster.wait_for_end(job, JOB_TIMEOUT)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0", f"{info}\n{log.read_text()}"
+    assert (f"{out} is in use by another run (pid 4242 on node-elsewhere, Slurm job {holder}, started "
+            in log.read_text()), log.read_text()
+
+    run(["scancel", holder], env=slurm_cluster.env())
+    slurm_cluster.wait_for_end(holder, 60)
+    log = tmp_path / "taken.out"
+    job = submit(slurm_cluster, SLURM / "train_cnn.sbatch", log, ["--output-dir", out, *args])
+    info = slurm_cluster.wait_for_end(job, JOB_TIMEOUT)
+    assert info["JobState"] == "COMPLETED", f"{info}\n{log.read_text()}"
+    assert (f"taking over the lock on {out} from pid 4242 on node-elsewhere, Slurm job {holder}"
+            in log.read_text()), log.read_text()
+    assert "squeue reports that job CANCELLED" in log.read_text(), log.read_text()
+    assert not (out / "run.lock").exists()
+
+    requeued = tmp_path / "requeued"
+    requeued.mkdir()
+    log = tmp_path / "requeued.out"
+    job = submit(slurm_cluster, SLURM / "train_cnn.sbatch", log, ["--output-dir", requeued, *args],
+                 extra=["--hold"])
+    (requeued / "run.lock").write_text(lock_of(4242, host="node-that-died", slurm_job_id=job))
+    run(["scontrol", "release", job], env=slurm_cluster.env())
+    info = slurm_cluster.wait_for_end(job, JOB_TIMEOUT)
+    assert info["JobState"] == "COMPLETED", f"{info}\n{log.read_text()}"
+    assert "it was an earlier run of this Slurm job (requeued)" in log.read_text(), log.read_text()
+    assert (requeued / "step-000000002.pt").is_file() and not (requeued / "run.lock").exists()
