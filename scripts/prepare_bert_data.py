@@ -15,6 +15,7 @@ shards. Randomness is keyed per document, so the examples (as a set) do not
 depend on the number of ranks. The output format is described in
 hvdtrain/bert_data.py (SHARD_FORMAT_DOC) and versioned in metadata.json.
 """
+import atexit
 import math
 import random
 import shutil
@@ -26,6 +27,7 @@ from hvdtrain import bert_data
 from hvdtrain.cli import (ArgumentParser, UsageError, fraction, non_negative_int,
                           positive_int, run_main)
 from hvdtrain.mpi_world import World
+from hvdtrain.outdir_lock import OutputDirLock
 
 DEFAULT_VOCAB_SIZE = 30522            # BERT's
 DEFAULT_CORPUS_VOCAB_SIZE = 4000      # what 465k characters can fill
@@ -39,6 +41,9 @@ def parse_args(argv=None):
                         help="text files or directories of *.txt (default: the embedded "
                              f"{corpus.DEFAULT_CORPUS} corpus)")
     parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--take-over-lock", action="store_true",
+                        help="write to --output-dir even though its run.lock names a preparation that may "
+                             "still be running (stale locks are taken over without this)")
     parser.add_argument("--vocab", type=Path, metavar="PATH",
                         help="reuse a vocab.txt or tokenizer directory instead of training one")
     parser.add_argument("--vocab-size", type=positive_int,
@@ -169,6 +174,13 @@ def write_my_shards(args, world, instances):
     return written
 
 
+def lock_output_dir(args, world):
+    """Rank 0 holds --output-dir's lock until it exits: two preparations never mix shards."""
+    if world.is_main:
+        lock = OutputDirLock(args.output_dir).acquire(args.take_over_lock)
+        atexit.register(lock.release)
+
+
 def clear_output(directory):
     """Remove what an earlier run wrote here (only our own file names)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -206,6 +218,7 @@ def main(argv=None):
     world = World()
     start = time.time()
     files = world.agree_on_errors(check_inputs, args, world)
+    world.agree_on_errors(lock_output_dir, args, world)
 
     def rank0_vocabulary():
         if not world.is_main:

@@ -102,6 +102,17 @@ def test_stale_and_live_locks(tmp_path):
     assert "that process no longer exists" in run.output, run.describe()
 
 
+def test_bert_preparation_locks_its_output_dir_too(tmp_path):
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "run.lock").write_text(lock_of(os.getpid()))
+    refused = python([SCRIPTS / "prepare_bert_data.py", "--output-dir", out], timeout=120)
+    assert refused.returncode == 2, refused.describe()
+    (line,) = refused.output.strip().splitlines()
+    assert line.startswith(f"prepare_bert_data.py: error: {out} is in use by another run (pid {os.getpid()}")
+    assert not (out / "metadata.json").exists()
+
+
 # ---------------------------------------------------------------- hostile CIFAR-10 batch
 class _RunsCode:
     def __init__(self, marker):
