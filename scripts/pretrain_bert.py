@@ -171,14 +171,18 @@ def load_init_weights(args, model, init):
                          f"{first[0].strip()}") from None
 
 
-def train_step(args, ctx, data, step_in_epoch, model, encoder, optimizer, scaler, amp_dtype, meter):
-    """One optimizer update over the accumulated micro-batches; returns (sequences, tokens)."""
+def train_step(args, ctx, data, step_in_epoch, objective, model, optimizer, scaler, amp_dtype, meter):
+    """One optimizer update over the accumulated micro-batches; returns (sequences, tokens).
+
+    ``objective(batch)`` gives ``bert_models.pretraining_sums`` (directly, or
+    through DDP in scripts/benchmark.py).
+    """
     sequences = tokens = 0
     for micro in range(args.accumulation_steps):
         batch = {k: v.to(ctx.device, non_blocking=True) for k, v in data.batch(step_in_epoch, micro).items()}
         autocast = (torch.autocast(ctx.device.type, dtype=amp_dtype) if amp_dtype else nullcontext())
         with autocast:
-            sums = bert_models.pretraining_sums(model, batch, encoder)
+            sums = objective(batch)
         loss = bert_models.training_loss(sums) / args.accumulation_steps
         scaler.scale(loss).backward()  # Horovod: the allreduce starts after the last micro-batch
         meter.add("mlm_loss", sums["mlm_loss"], sums["mlm_count"])
@@ -187,14 +191,7 @@ def train_step(args, ctx, data, step_in_epoch, model, encoder, optimizer, scaler
         meter.add("nsp_accuracy", sums["nsp_correct"], sums["nsp_count"])
         sequences += sums["nsp_count"]
         tokens += int(batch["attention_mask"].sum())
-    optimizer.synchronize()  # Horovod: wait for the averaged gradients
-    if args.max_grad_norm > 0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-    with optimizer.skip_synchronize():  # Horovod: already synchronized above
-        scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad()
+    optim.finish_step(optimizer, scaler, args.max_grad_norm, model.parameters())  # Horovod: averaged here
     return sequences, tokens
 
 
@@ -243,6 +240,7 @@ def main(argv=None):
     args = parse_args(argv)
     dist.exit_quietly_on_interrupt()
     stop_request = StopRequest()
+    dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
     ctx = dist.init(use_cuda=not args.cpu, threads=args.threads)  # Horovod: hvd.init(), device, threads
     metadata, config, init = dist.agree_on_errors(load_setup, args, ctx)
     amp_dtype, use_scaler = dist.agree_on_errors(autocast_settings, args, ctx)
@@ -250,6 +248,7 @@ def main(argv=None):
     dist.seed_everything(settings.seed)  # the same initial weights on every rank
     model = bert_models.build_model(config).to(ctx.device)
     encoder = torch.compile(model.bert) if settings.compile else model.bert
+    objective = bert_models.PretrainingObjective(model, encoder)
     optimizer, scheduler = build_optimizer(settings, model)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_scaler)
     dist.seed_everything(settings.seed + 1 + ctx.rank)  # own dropout masks per rank (a resume restores them)
@@ -286,7 +285,7 @@ def main(argv=None):
         lr = scheduler.get_last_lr()[0]
         first_compiled = settings.compile and not tokens.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():
-            done = train_step(settings, ctx, data, state.step_in_epoch, model, encoder, optimizer, scaler,
+            done = train_step(settings, ctx, data, state.step_in_epoch, objective, model, optimizer, scaler,
                               amp_dtype, meter)
         scheduler.step()
         tokens.step(done[1])

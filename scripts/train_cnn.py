@@ -158,15 +158,9 @@ class Trainer:
             # Horovod: Adasum already stepped locally during backward; step()
             # combines the ranks' weight deltas.
             self.optimizer.step()
+            self.optimizer.zero_grad()
         else:
-            # Horovod: finish the gradient allreduce, unscale the averaged gradients,
-            # then step without synchronising a second time (GradScaler pattern).
-            self.optimizer.synchronize()
-            self.scaler.unscale_(self.optimizer)
-            with self.optimizer.skip_synchronize():
-                self.scaler.step(self.optimizer)
-            self.scaler.update()
-        self.optimizer.zero_grad()  # set_to_none, the torch 2 default
+            optim.finish_step(self.optimizer, self.scaler)  # Horovod: the allreduce finishes here
         self.scheduler.step()
 
     @torch.no_grad()
@@ -281,6 +275,7 @@ def main():
     args = parse_args()
     dist.exit_quietly_on_interrupt()
     stop_request = StopRequest()
+    dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
     ctx = dist.init(use_cuda=not args.cpu, threads=args.threads)  # Horovod: hvd.init() and device
     vars(args).update(dist.agree_on_errors(check_args, args, ctx))
     dist.seed_everything(args.seed)

@@ -101,6 +101,25 @@ class Context:
             print(*args, **kwargs, flush=True)
 
 
+def request_diagnostics(timeline=None, autotune=False, autotune_log=None):
+    """Horovod's own diagnostics, read at hvd.init(): call before ``init``.
+
+    ``timeline``: a Chrome trace (chrome://tracing, Perfetto) of every tensor's
+    negotiation, fusion and allreduce, written by rank 0. ``autotune``: Horovod
+    tunes fusion threshold, cycle time and caching while training
+    (``autotune_log``: a CSV of what it tried and scored).
+    """
+    for path in (timeline, autotune_log):
+        if path:  # Horovod silently writes nothing into a missing directory
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if timeline:
+        os.environ["HOROVOD_TIMELINE"] = str(timeline)
+    if autotune or autotune_log:
+        os.environ["HOROVOD_AUTOTUNE"] = "1"
+    if autotune_log:
+        os.environ["HOROVOD_AUTOTUNE_LOG"] = str(autotune_log)
+
+
 def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
     """Start Horovod, pin this rank to its GPU, and share the CPU cores fairly.
 

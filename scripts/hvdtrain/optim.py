@@ -1,9 +1,30 @@
 """Optimiser pieces written once: decay groups, LAMB, schedules."""
 import math
+from contextlib import nullcontext
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+
+
+def finish_step(optimizer, scaler, max_grad_norm=0.0, parameters=()):
+    """Step after the backward passes: the same code for Horovod, DDP and one process.
+
+    A Horovod DistributedOptimizer is synchronised first (the gradient
+    allreduce finishes), the gradients are unscaled and clipped when asked,
+    then it steps without synchronising a second time (the GradScaler
+    pattern). A plain optimizer (under DDP, or alone) just steps.
+    """
+    horovod = hasattr(optimizer, "synchronize")
+    if horovod:
+        optimizer.synchronize()  # Horovod: wait for the averaged gradients
+    if max_grad_norm > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+    with optimizer.skip_synchronize() if horovod else nullcontext():  # Horovod: synchronised above
+        scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()  # set_to_none, the torch 2 default
 
 
 def decay_groups(model, weight_decay):

@@ -59,7 +59,23 @@ def add_run_arguments(parser, output_dir, checkpoint_every):
     device.add_argument("--cpu", action="store_true", help="ignore GPUs")
     device.add_argument("--threads", type=cli.positive_int,
                         help="CPU threads per rank; unset: cores / ranks on the node")
+    add_horovod_diagnostics(device)
     return device
+
+
+def add_horovod_diagnostics(group):
+    """--horovod-timeline, --horovod-autotune, --horovod-autotune-log (see dist.request_diagnostics).
+
+    Not --timeline/--autotune: horovodrun's own parser reads option-like words
+    after the command too, and "--timeline" is an ambiguous prefix of its
+    --timeline-filename/--timeline-mark-cycles (an error before anything runs).
+    """
+    group.add_argument("--horovod-timeline", type=Path, metavar="FILE",
+                       help="Horovod: write a timeline of every allreduce (Chrome trace JSON) from rank 0")
+    group.add_argument("--horovod-autotune", action="store_true",
+                       help="Horovod: tune fusion threshold, cycle time and caching while running")
+    group.add_argument("--horovod-autotune-log", type=Path, metavar="FILE",
+                       help="Horovod: CSV of the autotuner's trials (implies --horovod-autotune)")
 
 
 @dataclass

@@ -29,7 +29,7 @@ ADJUSTABLE = {
 OPERATIONAL = {
     "output_dir", "export_dir", "resume", "data", "init_checkpoint", "threads", "workers",
     "verify_images", "checkpoint_every", "keep_checkpoints", "log_every", "stop_check_every", "stop_after",
-    "timeline", "config", "take_over_lock",
+    "horovod_timeline", "horovod_autotune", "horovod_autotune_log", "config", "take_over_lock",
     "scaled_lr",  # follows from lr, world_size and accumulation_steps, which are compared
 }
 
