@@ -1,0 +1,464 @@
+#!/usr/bin/env python
+"""Measure Horovod against DDP and raw MPI, on your machines, with the collection's own code.
+
+    horovodrun -np 2 python scripts/benchmark.py train --model resnet20                 # Horovod
+    horovodrun -np 2 python scripts/benchmark.py train --model resnet20 --baseline ddp  # the same under DDP
+    python scripts/benchmark.py train --model resnet20 --baseline none                  # no distribution
+    mpirun -np 2 python scripts/benchmark.py allreduce          # hvd.allreduce vs mpi4py vs torch.distributed
+    python scripts/benchmark.py scaling --np 1 2 --output-dir runs/scaling -- --model resnet20
+
+train: synthetic data through the trainers' own models and training steps
+(train_cnn.Trainer.train_step, pretrain_bert.train_step); warm-up steps are
+left out, then each timed window gives a rate; reported as the median, the
+spread and mean ± 1.96σ over windows, per worker and in total.
+allreduce: a message-size sweep with time, algorithm bandwidth and bus
+bandwidth (algbw x 2(n-1)/n) side by side, as nccl-tests reports them.
+scaling: launches `horovodrun -np N ... train` for each N and writes a table,
+scaling.json and scaling.png (throughput and efficiency T(N) / (N T(1))).
+Every result file records the environment and the exact command.
+"""
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from hvdtrain import bench, bert_models, cli, optim
+from hvdtrain.cli import UsageError
+from hvdtrain.metrics import SumMeter
+from hvdtrain.models import resnet
+from hvdtrain.run import add_horovod_diagnostics
+
+CNN_MODELS = {"resnet20": (32, 10), "resnet56": (32, 10), "resnet18": (224, 1000), "resnet50": (224, 1000),
+              "convnet": (32, 10)}  # name -> (image size, classes)
+BERT_MODELS = {f"bert-{name}": name for name in bert_models.PRESETS}
+KNOB_VARIABLES = {"fusion_threshold_mb": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME"}
+
+
+# ============================================================================= arguments
+def parse_args(argv=None):
+    parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    modes = parser.add_subparsers(dest="mode", required=True, metavar="MODE",
+                                  parser_class=cli.ArgumentParser)
+    train = modes.add_parser("train", help="training throughput: Horovod, or --baseline ddp|none")
+    add_train_arguments(train)
+    sweep = modes.add_parser("allreduce", help="allreduce message-size sweep: Horovod, mpi4py, torch.distributed")
+    sweep.add_argument("--min-bytes", type=size_in_bytes, default="1K", help="smallest message (K, M suffixes)")
+    sweep.add_argument("--max-bytes", type=size_in_bytes, default="256M", help="largest message")
+    sweep.add_argument("--factor", type=cli.positive_int, default=4, help="size step between messages")
+    sweep.add_argument("--dtypes", nargs="+", choices=["float32", "float16"], default=["float32", "float16"],
+                       help="element types")
+    sweep.add_argument("--libraries", nargs="+", choices=["horovod", "mpi", "torch"],
+                       default=["horovod", "mpi", "torch"],
+                       help="mpi: mpi4py's Allreduce (needs an MPI launch); torch: torch.distributed (Gloo)")
+    sweep.add_argument("--seconds", type=cli.positive_float, default=0.5,
+                       help="timed seconds per size and library, roughly (at least 5 iterations)")
+    add_common_arguments(sweep)
+    scaling = modes.add_parser("scaling", help="run train for several world sizes with horovodrun",
+                               epilog="Arguments after -- go to `benchmark.py train`.")
+    scaling.add_argument("--np", nargs="+", type=cli.positive_int, default=[1, 2], help="world sizes")
+    scaling.add_argument("--controller", choices=["gloo", "mpi"], default="gloo", help="horovodrun --gloo or --mpi")
+    scaling.add_argument("--horovodrun-args", default="",
+                         help="more horovodrun options, e.g. '-H a:2,b:2 --network-interface eth0'")
+    scaling.add_argument("--output-dir", type=Path, default=Path("runs/scaling"),
+                         help="train-np<N>.json per size, scaling.json, scaling.png")
+    scaling.add_argument("--timeout", type=cli.positive_int, default=1800, help="seconds per launch")
+    argv = sys.argv[1:] if argv is None else argv
+    passed = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.train_args = passed
+    if args.mode == "train":
+        check_train_arguments(args)
+    if args.mode == "allreduce" and args.min_bytes > args.max_bytes:
+        parser.error("--min-bytes is larger than --max-bytes")
+    return args
+
+
+def add_common_arguments(parser):
+    parser.add_argument("--output", type=Path, metavar="FILE", help="also write the results as JSON here")
+    parser.add_argument("--cpu", action="store_true", help="ignore GPUs")
+    parser.add_argument("--threads", type=cli.positive_int, help="CPU threads per rank; unset: cores / ranks")
+
+
+def add_train_arguments(parser):
+    parser.add_argument("--model", choices=[*CNN_MODELS, *BERT_MODELS], default="resnet20", help="what to train")
+    parser.add_argument("--baseline", choices=["ddp", "none"],
+                        help="instead of Horovod: DistributedDataParallel, or one process without distribution")
+    parser.add_argument("--batch-size", type=cli.positive_int, default=32,
+                        help="images or sequences per rank and backward pass")
+    parser.add_argument("--image-size", type=cli.positive_int, help="CNN input size (default: the model's own)")
+    parser.add_argument("--seq-length", type=cli.positive_int, default=128, help="BERT sequence length")
+    parser.add_argument("--vocab-size", type=cli.positive_int, default=30522, help="BERT vocabulary size")
+    parser.add_argument("--warmup-steps", type=cli.non_negative_int, default=5, help="untimed steps first")
+    parser.add_argument("--window-steps", type=cli.positive_int, default=10, help="steps per timed window")
+    parser.add_argument("--windows", type=cli.positive_int, default=5, help="timed windows")
+    parser.add_argument("--seed", type=cli.non_negative_int, default=42, help="weights and synthetic data")
+    parser.add_argument("--amp", action="store_true", help="CUDA: mixed precision (fp16 CNN, bf16 BERT)")
+    parser.add_argument("--channels-last", action="store_true", help="CNN: channels_last memory layout")
+    knobs = parser.add_argument_group("Horovod")
+    knobs.add_argument("--fp16-allreduce", action="store_true", help="send gradients as fp16")
+    knobs.add_argument("--accumulation-steps", type=cli.positive_int, default=1,
+                       help="backward passes per allreduce (Horovod's batches per allreduce)")
+    knobs.add_argument("--fusion-threshold-mb", type=cli.non_negative_int,
+                       help="HOROVOD_FUSION_THRESHOLD in MiB (Horovod's default: 128)")
+    knobs.add_argument("--cycle-time-ms", type=cli.positive_float,
+                       help="HOROVOD_CYCLE_TIME in ms (Horovod's default: 1)")
+    add_horovod_diagnostics(knobs)
+    add_common_arguments(parser)
+
+
+def check_train_arguments(args):
+    if args.baseline and (args.horovod_timeline or args.horovod_autotune or args.horovod_autotune_log
+                          or args.fusion_threshold_mb is not None or args.cycle_time_ms is not None):
+        cli.fail("Horovod's knobs and diagnostics apply to Horovod runs only (drop --baseline)")
+
+
+def size_in_bytes(text):
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    try:
+        value = int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4096, 64K, 256M)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive size: {text!r}")
+    return value
+
+
+# ============================================================================= train
+class CnnWorkload:
+    """A ResNet step of train_cnn.py on a fixed synthetic batch per rank."""
+
+    def __init__(self, args, backend):
+        from train_cnn import Trainer  # the trainer's own step, not a copy
+        size, classes = CNN_MODELS[args.model]
+        size = args.image_size or size
+        model = resnet.build(args.model, classes).to(backend.device)
+        if args.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        module, optimizer = backend.wrap(model, list(model.named_parameters()), optimizer)
+        amp = args.amp and backend.device.type == "cuda"
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        scaler = torch.amp.GradScaler(backend.device.type, enabled=amp)
+        self.trainer = Trainer(module, optimizer, scheduler, scaler, nn.CrossEntropyLoss(), backend.device, amp,
+                               args.channels_last, args.accumulation_steps, adasum=False)
+        generator = torch.Generator().manual_seed(args.seed * 1000 + backend.rank)
+        samples = args.batch_size * args.accumulation_steps
+        self.images = torch.randn(samples, 3, size, size, generator=generator)
+        self.targets = torch.randint(0, classes, (samples,), generator=generator)
+        self.samples, self.unit = samples, "images"
+
+    def step(self):
+        meter = SumMeter("train_loss", "train_top1")
+        self.trainer.train_step(self.images, self.targets, meter)
+        return meter.sums["train_loss"] / meter.counts["train_loss"]
+
+
+class BertWorkload:
+    """A BERT pretraining step of pretrain_bert.py on synthetic masked sequences."""
+
+    def __init__(self, args, backend):
+        from pretrain_bert import train_step  # the trainer's own step, not a copy
+        self.train_step = train_step
+        config = bert_models.preset_config(BERT_MODELS[args.model], args.vocab_size)
+        model = bert_models.build_model(config).to(backend.device)
+        optimizer = optim.LAMB(optim.decay_groups(model, 0.01), lr=1e-3)
+        objective, optimizer = backend.wrap(bert_models.PretrainingObjective(model),
+                                            list(model.named_parameters()), optimizer)
+        amp = args.amp and backend.device.type == "cuda"
+        self.parts = (objective, model, optimizer, torch.amp.GradScaler(backend.device.type, enabled=False),
+                      torch.bfloat16 if amp else None)
+        self.settings = SimpleNamespace(accumulation_steps=args.accumulation_steps, max_grad_norm=1.0)
+        self.context = SimpleNamespace(device=backend.device)
+        self.data = SyntheticSequences(args, backend.rank)
+        self.samples, self.unit = args.batch_size * args.accumulation_steps, "sequences"
+
+    def step(self):
+        meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
+        objective, model, optimizer, scaler, amp_dtype = self.parts
+        self.train_step(self.settings, self.context, self.data, 0, objective, model, optimizer, scaler,
+                        amp_dtype, meter)
+        return meter.sums["mlm_loss"] / max(1, meter.counts["mlm_loss"])
+
+
+class SyntheticSequences:
+    """``PretrainingData.batch``'s interface: full-length sequences, 15% masked."""
+
+    def __init__(self, args, rank):
+        generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
+        shape = (args.batch_size, args.seq_length)
+        labels = torch.full(shape, -100, dtype=torch.int64)
+        masked = torch.rand(shape, generator=generator) < 0.15
+        masked[:, 0] = False
+        labels[masked] = torch.randint(0, args.vocab_size, (int(masked.sum()),), generator=generator)
+        self.batch_tensors = {
+            "input_ids": torch.randint(0, args.vocab_size, shape, generator=generator),
+            "token_type_ids": (torch.arange(args.seq_length) >= args.seq_length // 2).long().expand(shape).clone(),
+            "attention_mask": torch.ones(shape, dtype=torch.int64),
+            "labels": labels,
+            "next_sentence_label": torch.randint(0, 2, (args.batch_size,), generator=generator),
+        }
+
+    def batch(self, step, micro):
+        return self.batch_tensors
+
+
+def train(args):
+    for name, variable in KNOB_VARIABLES.items():  # Horovod reads these at hvd.init()
+        value = getattr(args, name)
+        if value is not None:
+            os.environ[variable] = str(int(value * 2**20) if name == "fusion_threshold_mb" else value)
+    backend = bench.BACKENDS[args.baseline](args)
+    torch.manual_seed(args.seed)  # the same initial weights under every backend
+    workload = (BertWorkload if args.model in BERT_MODELS else CnnWorkload)(args, backend)
+    losses = [workload.step() for _ in range(args.warmup_steps)]
+    local_rates = []
+    for _ in range(args.windows):
+        backend.barrier()
+        started = time.perf_counter()
+        for _ in range(args.window_steps):
+            losses.append(workload.step())
+            backend.beat()
+        if backend.device.type == "cuda":
+            torch.cuda.synchronize()
+        local_rates.append(workload.samples * args.window_steps / (time.perf_counter() - started))
+    totals = backend.sum(local_rates)  # per window: the sum of every rank's rate
+    mean_losses = [value / backend.size for value in backend.sum(losses)]
+    knobs = {"model": args.model, "batch_size": args.batch_size, "fp16_allreduce": args.fp16_allreduce,
+             "accumulation_steps": args.accumulation_steps, "amp": args.amp, "channels_last": args.channels_last,
+             "image_size": args.image_size, "seq_length": args.seq_length if args.model in BERT_MODELS else None}
+    result = {"mode": "train", "unit": f"{workload.unit}/s",
+              "total": bench.summarize(totals),
+              "per_worker": bench.summarize([total / backend.size for total in totals]),
+              "losses": mean_losses, "environment": bench.environment(backend, knobs)}
+    if backend.rank == 0:
+        report_train(result, args)
+        write_json(result, args.output)
+
+
+def report_train(result, args):
+    total, worker, env = result["total"], result["per_worker"], result["environment"]
+    unit = result["unit"]
+    print(f"{args.model} {env['backend']} ({env['controller']}), {env['world_size']} worker(s) x batch "
+          f"{args.batch_size * args.accumulation_steps}, {env['threads_per_rank']} thread(s) per rank", flush=True)
+    print(f"total:      median {total['median']:.1f} {unit} (min {total['min']:.1f}, max {total['max']:.1f}), "
+          f"mean {total['mean']:.1f} +- {total['ci95']:.1f}", flush=True)
+    print(f"per worker: median {worker['median']:.1f} {unit}, mean {worker['mean']:.1f} +- {worker['ci95']:.1f}",
+          flush=True)
+
+
+# ============================================================================= allreduce
+def allreduce(args):
+    mpi = mpi_communicator() if "mpi" in args.libraries else None  # before Horovod starts MPI itself
+    args.horovod_timeline = args.horovod_autotune_log = None
+    args.horovod_autotune = args.fp16_allreduce = False
+    args.accumulation_steps = 1
+    backend = bench.HorovodBackend(args)
+    import horovod.torch as hvd
+    if "torch" in args.libraries:
+        start_torch_distributed(backend)
+    unavailable = {}
+    if "mpi" in args.libraries and (mpi is None or mpi.Get_size() != backend.size):
+        unavailable["mpi"] = "mpi4py needs an MPI launch (mpirun, srun, horovodrun --mpi)"
+    rows = []
+    sizes = message_sizes(args.min_bytes, args.max_bytes, args.factor)
+    for dtype in args.dtypes:
+        for size in sizes:
+            for library in args.libraries:
+                if library in unavailable:
+                    continue
+                if library == "mpi" and dtype == "float16":
+                    continue  # MPI has no standard half-precision sum
+                seconds = time_allreduce(library, dtype, size, args.seconds, backend, hvd, mpi)
+                algbw = size / seconds / 1e9
+                rows.append({"library": library, "dtype": dtype, "bytes": size, "seconds": seconds,
+                             "algbw_gbps": algbw, "busbw_gbps": bench.bus_bandwidth(algbw, backend.size)})
+            backend.beat()
+    result = {"mode": "allreduce", "rows": rows, "unavailable": unavailable,
+              "environment": bench.environment(backend, {"libraries": args.libraries, "dtypes": args.dtypes})}
+    if backend.rank == 0:
+        report_allreduce(result)
+        write_json(result, args.output)
+
+
+def mpi_communicator():
+    from hvdtrain.mpi_world import launched_size
+    if launched_size() < 2:
+        return None
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+def start_torch_distributed(backend):
+    """torch.distributed (Gloo) beside Horovod, on the same ranks."""
+    import socket
+    import horovod.torch as hvd
+    from hvdtrain import dist
+    address = None
+    if backend.rank == 0:
+        host = "127.0.0.1" if backend.local_size == backend.size else socket.gethostbyname(socket.gethostname())
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            address = f"{host}:{probe.getsockname()[1]}"
+    address = dist.broadcast_object(address, root_rank=0, name="bench.torch_rendezvous")
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://{address}", rank=hvd.rank(),
+                                         world_size=hvd.size())
+
+
+def message_sizes(smallest, largest, factor):
+    sizes, size = [], smallest
+    while size <= largest:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def time_allreduce(library, dtype, size, budget, backend, hvd, mpi):
+    """Seconds per allreduce of ``size`` bytes: the slowest rank's mean over the iterations."""
+    elements = max(1, size // (4 if dtype == "float32" else 2))
+    tensor = torch.ones(elements, dtype=getattr(torch, dtype))
+    array = tensor.numpy()
+
+    def once():
+        if library == "horovod":
+            hvd.allreduce_(tensor, op=hvd.Sum, name="bench.allreduce")  # Horovod
+        elif library == "mpi":
+            mpi.Allreduce(mpi_in_place(), array)
+        else:
+            torch.distributed.all_reduce(tensor)
+
+    for _ in range(3):
+        once()
+    # Every rank runs the same number of iterations: rank 0's estimate decides.
+    started = time.perf_counter()
+    once()
+    estimate = backend.sum([time.perf_counter() - started if backend.rank == 0 else 0.0])[0]
+    iterations = max(5, min(10_000, int(budget / max(estimate, 1e-6))))
+    backend.barrier()
+    started = time.perf_counter()
+    for _ in range(iterations):
+        once()
+    mean = (time.perf_counter() - started) / iterations
+    return max_over_ranks(mean, backend, hvd)
+
+
+def mpi_in_place():
+    from mpi4py import MPI
+    return MPI.IN_PLACE
+
+
+def max_over_ranks(value, backend, hvd):
+    return float(hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=hvd.Max,
+                               name="bench.max").item())  # Horovod
+
+
+def report_allreduce(result):
+    env = result["environment"]
+    print(f"allreduce on {env['world_size']} ranks, Horovod controller {env['controller']}; "
+          f"busbw = algbw x 2(n-1)/n", flush=True)
+    print(f"{'bytes':>11} {'dtype':>8} {'library':>8} {'time (us)':>11} {'algbw GB/s':>11} {'busbw GB/s':>11}",
+          flush=True)
+    for row in result["rows"]:
+        print(f"{row['bytes']:>11} {row['dtype']:>8} {row['library']:>8} {row['seconds'] * 1e6:>11.1f} "
+              f"{row['algbw_gbps']:>11.3f} {row['busbw_gbps']:>11.3f}", flush=True)
+    for library, why in result["unavailable"].items():
+        print(f"{library}: not measured: {why}", flush=True)
+
+
+# ============================================================================= scaling
+def scaling(args):
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for size in args.np:
+        output = args.output_dir / f"train-np{size}.json"
+        output.unlink(missing_ok=True)
+        command = ["horovodrun", "-np", str(size), f"--{args.controller}", *shlex.split(args.horovodrun_args),
+                   sys.executable, str(Path(__file__).resolve()), "train", *args.train_args, "--output", str(output)]
+        print(f"$ {shlex.join(command)}", flush=True)
+        if not run_bounded(command, args.timeout) or not output.is_file():
+            raise UsageError(f"the {size}-worker run failed (command above); no {output}")
+        runs.append(json.loads(output.read_text()))
+    table = scaling_table(runs)
+    result = {"mode": "scaling", "rows": table, "runs": [str(args.output_dir / f"train-np{n}.json") for n in args.np],
+              "environment": {**runs[0]["environment"], "command": shlex.join([sys.executable, *sys.argv])}}
+    report_scaling(result)
+    write_json(result, args.output_dir / "scaling.json")
+    plot_scaling(table, runs[0]["unit"], args.output_dir / "scaling.png")
+    print(f"wrote {args.output_dir / 'scaling.json'} and {args.output_dir / 'scaling.png'}", flush=True)
+
+
+def run_bounded(command, timeout):
+    """Run a launch in its own process group; kill the whole group after ``timeout`` s."""
+    process = subprocess.Popen(command, start_new_session=True)
+    try:
+        return process.wait(timeout=timeout) == 0
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait()
+        return False
+
+
+def scaling_table(runs):
+    """Throughput and efficiency T(n) / (n T(smallest n) / smallest n) for each world size."""
+    base = runs[0]
+    base_per_worker = base["total"]["median"] / base["environment"]["world_size"]
+    rows = []
+    for run in runs:
+        size = run["environment"]["world_size"]
+        total = run["total"]["median"]
+        rows.append({"workers": size, "total": total, "per_worker": total / size,
+                     "spread": [run["total"]["min"], run["total"]["max"]],
+                     "efficiency": total / (size * base_per_worker)})
+    return rows
+
+
+def report_scaling(result):
+    print(f"{'workers':>7} {'total':>10} {'per worker':>11} {'efficiency':>10}", flush=True)
+    for row in result["rows"]:
+        print(f"{row['workers']:>7} {row['total']:>10.1f} {row['per_worker']:>11.1f} {row['efficiency']:>10.3f}",
+              flush=True)
+
+
+def plot_scaling(rows, unit, path):
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    workers = [row["workers"] for row in rows]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    left.plot(workers, [row["total"] for row in rows], "o-", label="measured")
+    left.plot(workers, [rows[0]["per_worker"] * n for n in workers], "--", color="gray", label="linear")
+    left.set(xlabel="workers", ylabel=unit, title="throughput")
+    left.legend()
+    right.plot(workers, [row["efficiency"] for row in rows], "o-")
+    right.set(xlabel="workers", ylabel="T(n) / (n T(1))", title="scaling efficiency", ylim=(0, 1.1))
+    for axis in (left, right):
+        axis.set_xticks(workers)
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+# ============================================================================= main
+def write_json(result, path):
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def main():
+    args = parse_args()
+    {"train": train, "allreduce": allreduce, "scaling": scaling}[args.mode](args)
+
+
+if __name__ == "__main__":
+    cli.run_main(main)

@@ -1,0 +1,235 @@
+"""What scripts/benchmark.py needs besides the trainers' own code.
+
+Three ways to run the same training step, each launched the same way
+(``horovodrun``, ``mpirun``, ``srun`` or a plain ``python``):
+
+- ``HorovodBackend``: hvd.DistributedOptimizer, as the trainers run;
+- ``DdpBackend``: torch.nn.parallel.DistributedDataParallel (Gloo on CPU, NCCL
+  on GPU). Horovod is started only to agree on a rendezvous address and is shut
+  down before training, so its background thread costs DDP nothing;
+- ``SingleBackend``: no distribution at all (one process).
+
+Plus the statistics and the environment record every result file carries.
+"""
+import os
+import platform
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import torch
+import torch.distributed as torch_dist
+import horovod
+import horovod.torch as hvd
+
+from . import dist
+from .cli import UsageError
+from .mpi_world import launched_size
+
+
+def threads_for(local_size, threads=None):
+    """The trainers' rule: cores shared evenly by the ranks of a node."""
+    if threads is None and "OMP_NUM_THREADS" in os.environ:
+        return torch.get_num_threads()
+    return threads or max(1, (os.cpu_count() or 1) // local_size)
+
+
+def pick_device(cpu, local_rank):
+    if not cpu and torch.cuda.is_available():
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+class HorovodBackend:
+    name = "horovod"
+
+    def __init__(self, args):
+        dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
+        self.ctx = dist.init(use_cuda=not args.cpu, threads=args.threads)  # Horovod: hvd.init()
+        self.rank, self.size, self.local_size = self.ctx.rank, self.ctx.size, self.ctx.local_size
+        self.device = self.ctx.device
+        self.threads = torch.get_num_threads()
+        self.compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+        self.passes = args.accumulation_steps
+
+    def wrap(self, module, named_parameters, optimizer):
+        """(module to call, optimizer to step): gradients averaged by Horovod."""
+        # Horovod: every rank starts from rank 0's weights; gradients are averaged
+        # during backward, once per `passes` backward calls.
+        hvd.broadcast_parameters(dict(named_parameters), root_rank=0)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters,
+                                             compression=self.compression, backward_passes_per_step=self.passes)
+        return module, optimizer
+
+    def beat(self):
+        self.ctx.watchdog.beat()
+
+    def sum(self, values):
+        tensor = torch.tensor(values, dtype=torch.float64)
+        return hvd.allreduce(tensor, op=hvd.Sum, name="bench.sum").tolist()  # Horovod
+
+    def barrier(self):
+        hvd.allreduce(torch.zeros(1), name="bench.barrier")  # Horovod: a tiny collective
+
+    def controller(self):
+        return "mpi" if hvd.mpi_enabled() else "gloo"
+
+
+class DdpBackend:
+    name = "ddp"
+
+    def __init__(self, args):
+        if args.accumulation_steps != 1 or args.fp16_allreduce:
+            raise UsageError("--baseline ddp measures plain DDP: drop --accumulation-steps and --fp16-allreduce")
+        address = rendezvous_with_horovod()
+        self.device = pick_device(args.cpu, self.local_rank)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        torch_dist.init_process_group(backend, init_method=f"tcp://{address}", rank=self.rank,
+                                      world_size=self.size)
+        self.threads = threads_for(self.local_size, args.threads)
+        torch.set_num_threads(self.threads)
+
+    @property
+    def rank(self):
+        return int(os.environ["BENCH_RANK"])
+
+    @property
+    def size(self):
+        return int(os.environ["BENCH_SIZE"])
+
+    @property
+    def local_size(self):
+        return int(os.environ["BENCH_LOCAL_SIZE"])
+
+    @property
+    def local_rank(self):
+        return int(os.environ["BENCH_LOCAL_RANK"])
+
+    def wrap(self, module, named_parameters, optimizer):
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
+        return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids), optimizer
+
+    def beat(self):
+        pass
+
+    def sum(self, values):
+        tensor = torch.tensor(values, dtype=torch.float64)
+        torch_dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def barrier(self):
+        torch_dist.barrier()
+
+    def controller(self):
+        return f"torch.distributed ({torch_dist.get_backend()})"
+
+
+def rendezvous_with_horovod():
+    """host:port of a free port on rank 0, agreed through Horovod, which then shuts down.
+
+    Rank, size and local size are kept in BENCH_* variables for the DDP run.
+    """
+    hvd.init()  # Horovod: only to learn ranks and share an address
+    address = None
+    if hvd.rank() == 0:
+        host = os.environ.get("MASTER_ADDR") or (
+            "127.0.0.1" if hvd.local_size() == hvd.size() else socket.gethostbyname(socket.gethostname()))
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            address = f"{host}:{probe.getsockname()[1]}"
+    address = dist.broadcast_object(address, root_rank=0, name="bench.rendezvous")
+    os.environ.update(BENCH_RANK=str(hvd.rank()), BENCH_SIZE=str(hvd.size()),
+                      BENCH_LOCAL_SIZE=str(hvd.local_size()), BENCH_LOCAL_RANK=str(hvd.local_rank()))
+    hvd.shutdown()
+    return address
+
+
+class SingleBackend:
+    name = "none"
+    rank, size, local_size = 0, 1, 1
+
+    def __init__(self, args):
+        if launched_size() > 1 or int(os.environ.get("HOROVOD_SIZE", "1")) > 1:
+            raise UsageError("--baseline none is one process with no distribution: launch it with plain python")
+        self.device = pick_device(args.cpu, 0)
+        self.threads = threads_for(1, args.threads)
+        torch.set_num_threads(self.threads)
+
+    def wrap(self, module, named_parameters, optimizer):
+        return module, optimizer
+
+    def beat(self):
+        pass
+
+    def sum(self, values):
+        return list(values)
+
+    def barrier(self):
+        pass
+
+    def controller(self):
+        return "none"
+
+
+BACKENDS = {None: HorovodBackend, "ddp": DdpBackend, "none": SingleBackend}
+
+
+# ----------------------------------------------------------------------------- statistics
+def summarize(values):
+    """Median, spread and mean ± 1.96σ (as Horovod's synthetic benchmark reports)."""
+    mean = statistics.fmean(values)
+    sigma = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "mean": mean,
+            "ci95": 1.96 * sigma, "values": values}
+
+
+def bus_bandwidth(algorithm_bandwidth, size):
+    """nccl-tests' bus bandwidth of an allreduce: what each link carries, 2(n-1)/n."""
+    return algorithm_bandwidth * 2 * (size - 1) / size
+
+
+# ----------------------------------------------------------------------------- environment
+def cpu_model():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def mpi_version():
+    try:
+        shown = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=30)
+        return shown.stdout.strip().splitlines()[0] if shown.returncode == 0 and shown.stdout else None
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return None
+
+
+def horovod_settings():
+    """HOROVOD_* variables that tune or trace (not the launcher's rank bookkeeping)."""
+    bookkeeping = ("RANK", "SIZE", "LOCAL_", "CROSS_", "HOSTNAME", "GLOO_", "CONTROLLER", "CPU_OPERATIONS")
+    return {name: value for name, value in sorted(os.environ.items())
+            if name.startswith("HOROVOD_") and not name[len("HOROVOD_"):].startswith(bookkeeping)}
+
+
+def environment(backend, knobs):
+    """What a result depends on, recorded with it."""
+    gpu = torch.cuda.get_device_name() if backend.device.type == "cuda" else None
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "gpu": gpu,
+        "python": platform.python_version(), "torch": torch.__version__, "horovod": horovod.__version__,
+        "mpi": mpi_version(), "backend": backend.name, "controller": backend.controller(),
+        "world_size": backend.size, "threads_per_rank": backend.threads,
+        "knobs": {**knobs, **horovod_settings()},
+        "command": shlex.join([sys.executable, *sys.argv]),
+    }

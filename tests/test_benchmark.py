@@ -1,0 +1,124 @@
+"""scripts/benchmark.py: every mode runs under real launches and writes well-formed results.
+
+No timing assertions: speed is what the benchmark reports, not what a test judges.
+What is asserted is that Horovod and DDP compute the same thing (the same losses
+for the same seed), the bandwidth arithmetic, and the files each mode promises.
+"""
+import json
+import re
+
+import pytest
+
+from launch import SCRIPTS, horovodrun, python
+
+pytestmark = pytest.mark.usefixtures("need_horovod")
+
+BENCH = SCRIPTS / "benchmark.py"
+QUICK = ["--warmup-steps", "1", "--window-steps", "2", "--windows", "2"]
+CNN = ["train", "--model", "resnet20", "--image-size", "8", "--batch-size", "4", *QUICK]
+BERT = ["train", "--model", "bert-tiny", "--vocab-size", "500", "--seq-length", "16", "--batch-size", "4", *QUICK]
+ENVIRONMENT_KEYS = {"date", "cpu", "cpu_count", "gpu", "torch", "horovod", "mpi", "backend", "controller",
+                    "world_size", "threads_per_rank", "knobs", "command"}
+
+
+def ok(run):
+    assert run.returncode == 0 and not run.timed_out, run.describe()
+    return run
+
+
+def result(path):
+    data = json.loads(path.read_text())
+    assert ENVIRONMENT_KEYS <= set(data["environment"]), data["environment"]
+    return data
+
+
+def check_train_result(data, world_size, backend):
+    assert data["environment"]["world_size"] == world_size and data["environment"]["backend"] == backend
+    for part in ("total", "per_worker"):
+        summary = data[part]
+        assert len(summary["values"]) == 2 and all(value > 0 for value in summary["values"])
+        assert summary["min"] <= summary["median"] <= summary["max"]
+    assert abs(data["total"]["median"] - world_size * data["per_worker"]["median"]) < 1e-6 * data["total"]["median"]
+    assert len(data["losses"]) == 1 + 2 * 2
+
+
+@pytest.mark.parametrize("workload", [CNN, BERT], ids=["resnet20", "bert-tiny"])
+def test_horovod_and_ddp_train_the_same_losses(tmp_path, workload):
+    """The same model, batch, step and seed under Horovod and under DDP: the same numbers."""
+    ok(horovodrun(2, [BENCH, *workload, "--output", tmp_path / "hvd.json"], timeout=240))
+    ok(horovodrun(2, [BENCH, *workload, "--baseline", "ddp", "--output", tmp_path / "ddp.json"], timeout=240))
+    horovod, ddp = result(tmp_path / "hvd.json"), result(tmp_path / "ddp.json")
+    check_train_result(horovod, 2, "horovod")
+    check_train_result(ddp, 2, "ddp")
+    assert ddp["environment"]["controller"] == "torch.distributed (gloo)"
+    for step, (a, b) in enumerate(zip(horovod["losses"], ddp["losses"])):
+        assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: Horovod {a} DDP {b}"
+    assert horovod["losses"][-1] < horovod["losses"][0]  # it trains
+
+
+def test_baseline_none_is_one_process(tmp_path):
+    run = ok(python([BENCH, *CNN, "--baseline", "none", "--output", tmp_path / "none.json"], timeout=120))
+    check_train_result(result(tmp_path / "none.json"), 1, "none")
+    assert re.search(r"total: +median [\d.]+ images/s", run.output), run.describe()
+    refused = horovodrun(2, [BENCH, *CNN, "--baseline", "none"], timeout=120)
+    assert refused.returncode != 0
+    errors = [line for line in refused.output.splitlines() if "benchmark.py: error:" in line]
+    assert len(errors) == 1 and "launch it with plain python" in errors[0], refused.describe()
+
+
+def test_knobs_and_horovod_diagnostics_are_recorded(tmp_path):
+    timeline = tmp_path / "trace" / "timeline.json"
+    ok(horovodrun(2, [BENCH, *CNN, "--fp16-allreduce", "--fusion-threshold-mb", "8", "--cycle-time-ms", "2",
+                      "--horovod-timeline", timeline, "--output", tmp_path / "out.json"], timeout=240))
+    data = result(tmp_path / "out.json")
+    knobs = data["environment"]["knobs"]
+    assert knobs["fp16_allreduce"] is True
+    assert knobs["HOROVOD_FUSION_THRESHOLD"] == str(8 * 2**20) and knobs["HOROVOD_CYCLE_TIME"] == "2.0"
+    assert knobs["HOROVOD_TIMELINE"] == str(timeline)
+    trace = timeline.read_text()
+    assert trace.startswith("[") and "ALLREDUCE" in trace
+
+
+@pytest.mark.parametrize("transport", ["mpi", "gloo"])
+def test_allreduce_sweep_against_mpi4py_and_torch_distributed(tmp_path, transport, need_mpi):
+    out = tmp_path / "sweep.json"
+    ok(horovodrun(2, [BENCH, "allreduce", "--max-bytes", "16K", "--seconds", "0.02", "--output", out],
+                  timeout=240, transport=transport))
+    data = result(out)
+    sizes = [1024, 4096, 16384]
+    libraries = {"horovod", "torch"} | ({"mpi"} if transport == "mpi" else set())
+    for row in data["rows"]:
+        assert row["seconds"] > 0
+        assert abs(row["algbw_gbps"] - row["bytes"] / row["seconds"] / 1e9) < 1e-9
+        assert abs(row["busbw_gbps"] - row["algbw_gbps"] * 2 * (2 - 1) / 2) < 1e-9
+    measured = {(row["library"], row["dtype"], row["bytes"]) for row in data["rows"]}
+    expected = {(lib, dtype, size) for lib in libraries for dtype in ("float32", "float16") for size in sizes
+                if not (lib == "mpi" and dtype == "float16")}
+    assert measured == expected
+    assert ("mpi" in data["unavailable"]) == (transport == "gloo")
+    assert data["environment"]["controller"] == transport
+
+
+def test_scaling_writes_table_json_and_plot(tmp_path):
+    out = tmp_path / "scaling"
+    run = ok(python([BENCH, "scaling", "--np", "1", "2", "--output-dir", out, "--", *BERT[1:]], timeout=400))
+    data = json.loads((out / "scaling.json").read_text())
+    assert [row["workers"] for row in data["rows"]] == [1, 2]
+    assert data["rows"][0]["efficiency"] == 1.0 and data["rows"][1]["efficiency"] > 0
+    assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for size in (1, 2):
+        check_train_result(result(out / f"train-np{size}.json"), size, "horovod")
+    assert re.search(r"^\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+$", run.output, re.MULTILINE), run.describe()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["train", "--model", "resnet21"], "invalid choice: 'resnet21'"),
+    (["allreduce", "--max-bytes", "12Q"], "not a size: '12Q'"),
+    (["allreduce", "--min-bytes", "1M", "--max-bytes", "1K"], "--min-bytes is larger than --max-bytes"),
+    (["train", "--baseline", "ddp", "--cycle-time-ms", "2"], "apply to Horovod runs only"),
+])
+def test_bad_arguments_are_one_line(args, fragment):
+    run = python([BENCH, *args], timeout=60)
+    assert run.returncode == 2, run.describe()
+    lines = run.output.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], run.describe()
