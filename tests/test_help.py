@@ -4,11 +4,12 @@ The scripts share one formatter (hvdtrain.cli.HelpFormatter); these tests read
 the real `python scripts/X.py --help` output, so an option added without help,
 or a help text that names its default while argparse appends another, fails.
 """
+import functools
 import re
 
 import pytest
 
-from launch import SCRIPTS, python
+from launch import REPO, SCRIPTS, python
 
 SCRIPT_NAMES = ["train_cnn.py", "prepare_bert_data.py", "pretrain_bert.py", "make_hostfile.py",
                 "discover_hosts.py"]
@@ -38,11 +39,16 @@ def help_entries(text):
     return entries
 
 
-@pytest.fixture(scope="module", params=SCRIPT_NAMES)
-def script_help(request):
-    ran = python([SCRIPTS / request.param, "--help"], timeout=60)
+@functools.cache
+def help_text(name):
+    ran = python([SCRIPTS / name, "--help"], timeout=60)
     assert ran.returncode == 0, ran.describe()
-    return request.param, ran.output
+    return ran.output
+
+
+@pytest.fixture(params=SCRIPT_NAMES)
+def script_help(request):
+    return request.param, help_text(request.param)
 
 
 def test_every_option_has_a_help_text(script_help):
@@ -78,6 +84,31 @@ def test_help_entries_reads_argparse_layout():
 
 
 def test_shard_format_keeps_its_layout():
-    ran = python([SCRIPTS / "prepare_bert_data.py", "--help"], timeout=60)
-    assert re.search(r"\n  shard-NNNNN\.h5 +HDF5", ran.output), ran.describe()
-    assert re.search(r"\n      input_ids +int32", ran.output), ran.describe()
+    text = help_text("prepare_bert_data.py")
+    assert re.search(r"\n  shard-NNNNN\.h5 +HDF5", text), text
+    assert re.search(r"\n      input_ids +int32", text), text
+
+
+# Options of other programs that the README names, by program; a file's options must be in that file.
+OTHER_PROGRAMS = {
+    "horovodrun": {"--gloo", "--mpi", "--min-np", "--max-np", "--network-interface", "--check-build"},
+    "mpirun": {"--bind-to", "--mca", "--oversubscribe"},
+    "sbatch, srun, scancel": {"--nodes", "--ntasks-per-node", "--gpus-per-node", "--gpus-per-task",
+                              "--cpus-per-task", "--signal", "--requeue", "--dependency", "--batch", "--mpi"},
+    "pip, venv": {"--no-binary", "--no-deps", "--no-build-isolation", "--system-site-packages"},
+    "scripts/setup/setup.sh": {"--dry-run"},
+    "slurm/submit_bert_phases.sh": {"--phase1", "--phase2", "--phase1-data", "--phase2-data", "--sbatch"},
+}
+
+
+def test_every_option_the_readme_names_exists():
+    """An option renamed or removed in a script (or one that never existed, like
+    make_hostfile.py --check) fails here while the README still names it."""
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", (REPO / "README.md").read_text()))
+    known = set().union(*(re.findall(r"--[a-z][a-z0-9-]*", help_text(name)) for name in SCRIPT_NAMES))
+    for program, options in OTHER_PROGRAMS.items():
+        if "/" in program:
+            source = (REPO / program).read_text()
+            assert all(option in source for option in options), program
+        known |= options
+    assert not named - known, f"README.md names options no script has: {sorted(named - known)}"
