@@ -2,8 +2,9 @@
 
 Each command below is quoted from README.md (the test first checks that the
 README still holds it, continuation lines joined), then run by bash in a
-scratch directory where `scripts/`, `hostfiles/`, `tests/` and `.venv` point
-into the repository, so its `runs/` and `data/` land in the scratch directory.
+scratch directory where `scripts/`, `hostfiles/` and `tests/` point into the
+repository and `.venv` to the environment running the tests, so the commands'
+`runs/` and `data/` land in the scratch directory.
 Only flags the README documents for a quick try are appended (`--epochs 1`,
 `--steps N`, `--dupe-factor 1`, `--stop-after N`); appended flags override the
 command's own. Open MPI's oversubscription stays off, as on a user's machine.
@@ -15,7 +16,7 @@ import re
 
 import pytest
 
-from launch import REPO, launch
+from launch import REPO, VENV_BIN, launch
 from test_train_cnn import RANK_TRACEBACK, make_cifar10
 
 pytestmark = pytest.mark.usefixtures("need_horovod", "need_mpi")
@@ -30,8 +31,9 @@ PROGRESS = re.compile(r"progress: step (\d+)/(\d+) \(\d+%\), [\d.e+-]+ steps/s, 
 
 @pytest.fixture
 def workdir(tmp_path):
-    for name in ("scripts", "hostfiles", "tests", ".venv"):
+    for name in ("scripts", "hostfiles", "tests"):
         (tmp_path / name).symlink_to(REPO / name)
+    (tmp_path / ".venv").symlink_to(VENV_BIN.parent)  # the environment running these tests
     return tmp_path
 
 
