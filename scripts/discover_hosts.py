@@ -7,9 +7,9 @@ may change while the job runs: add a line and Horovod grows the job, remove
 one and it shrinks. Replace the file atomically (write a new file, then
 ``mv`` it over the old one) so a run never reads half a file.
 
-    horovodrun -np 4 --min-np 2 --max-np 8 \\
+    horovodrun -np 2 --min-np 1 --max-np 4 --network-interface lo \\
         --host-discovery-script "python scripts/discover_hosts.py hostfiles/elastic" \\
-        python my_elastic_train.py
+        python tests/workers/elastic_grow.py runs/elastic 2
 
 The hostfile takes any form make_hostfile.py reads (``host slots=N``,
 ``host:N``, comments). The path can also come from HVD_DISCOVERY_HOSTFILE.

@@ -11,7 +11,7 @@ from the environment. Examples:
     # a nodelist with a slot count per node
     python scripts/make_hostfile.py --hosts 'gpu-a[1,3-5],gpu-b7' --slots 4 --format mpich
     # validate a hostfile, print its -H string, check it holds 8 ranks
-    python scripts/make_hostfile.py --hostfile hostfiles/openmpi.hosts --format H -np 8
+    python scripts/make_hostfile.py --hostfile hostfiles/openmpi --format H -np 8
 
 Hostfiles may carry comments, blank lines, max_slots= and repeated host lines
 (their slots add up). Bad input is one line naming the file and line, exit 2.

@@ -40,19 +40,20 @@ def parse_args(argv=None):
     parser.add_argument("--input", nargs="+", metavar="PATH",
                         help="text files or directories of *.txt (default: the embedded "
                              f"{corpus.DEFAULT_CORPUS} corpus)")
-    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--output-dir", required=True, type=Path,
+                        help="shards, metadata.json and tokenizer/ (an earlier run's files there are replaced)")
     parser.add_argument("--take-over-lock", action="store_true",
                         help="write to --output-dir even though its run.lock names a preparation that may "
                              "still be running (stale locks are taken over without this)")
     parser.add_argument("--vocab", type=Path, metavar="PATH",
                         help="reuse a vocab.txt or tokenizer directory instead of training one")
     parser.add_argument("--vocab-size", type=positive_int,
-                        help=f"WordPiece vocabulary to train (default {DEFAULT_VOCAB_SIZE}; "
+                        help=f"WordPiece vocabulary to train (default: {DEFAULT_VOCAB_SIZE}; "
                              f"{DEFAULT_CORPUS_VOCAB_SIZE} for the embedded corpus)")
     parser.add_argument("--lowercase", action="store_true", default=True,
-                        help="lowercase text (uncased BERT)")
+                        help="lowercase text, uncased BERT (the default)")
     parser.add_argument("--cased", dest="lowercase", action="store_false",
-                        help="keep case (cased BERT)")
+                        help="keep case, cased BERT (default: lowercase)")
     parser.add_argument("--max-seq-length", type=positive_int, default=128,
                         help="tokens per instance: 128 for phase 1, 512 for phase 2")
     parser.add_argument("--masking", choices=("dynamic", "static"), default="dynamic",
@@ -60,15 +61,17 @@ def parse_args(argv=None):
                              "static: masked here once per duplicate (Google, NVIDIA)")
     parser.add_argument("--max-predictions-per-seq", type=positive_int,
                         help="static masking: most masked tokens per instance "
-                             "(default 20 for 128 tokens, 80 for 512, else 15%%)")
-    parser.add_argument("--masked-lm-prob", type=fraction, default=0.15)
+                             "(default: 20 for 128 tokens, 80 for 512, else 15%%)")
+    parser.add_argument("--masked-lm-prob", type=fraction, default=0.15,
+                        help="static masking: fraction of tokens masked (dynamic: pretrain_bert.py --mlm-probability)")
     parser.add_argument("--short-seq-prob", type=fraction, default=0.1,
                         help="fraction of instances made shorter than --max-seq-length")
     parser.add_argument("--dupe-factor", type=positive_int, default=5,
                         help="passes over the corpus, each with different pairs (and masks)")
     parser.add_argument("--num-shards", type=positive_int, default=8,
                         help="output files; at least as many as ranks that will train on them")
-    parser.add_argument("--seed", type=non_negative_int, default=12345)
+    parser.add_argument("--seed", type=non_negative_int, default=12345,
+                        help="pairs, segments and masks; the same seed gives the same examples")
     args = parser.parse_args(argv)
     if args.max_seq_length < 8:
         parser.error(f"--max-seq-length must be at least 8, got {args.max_seq_length}")

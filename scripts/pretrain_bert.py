@@ -28,7 +28,7 @@ import horovod.torch as hvd
 from hvdtrain import bert_data, bert_models, checkpoint, cli, dist, optim
 from hvdtrain import run as run_skeleton
 from hvdtrain.cli import UsageError
-from hvdtrain.metrics import SumMeter, Throughput, total_throughput
+from hvdtrain.metrics import SumMeter, Throughput, rate_text, total_throughput
 from hvdtrain.run import Run, TrainState
 from hvdtrain.settings import Settings
 from hvdtrain.signals import StopRequest
@@ -52,12 +52,14 @@ def parse_args(argv=None):
     train = parser.add_argument_group("optimisation")
     train.add_argument("--steps", type=cli.positive_int, default=200, help="optimizer steps in the schedule")
     train.add_argument("--batch-size", type=cli.positive_int, default=16, help="sequences per rank per micro-batch")
-    train.add_argument("--optimizer", choices=("lamb", "adamw"), default="lamb")
+    train.add_argument("--optimizer", choices=("lamb", "adamw"), default="lamb",
+                       help="LAMB (NVIDIA's BERT recipe, large batches) or AdamW")
     train.add_argument("--lamb-nvlamb", action="store_true",
                        help="NVLAMB: the LAMB trust ratio also for biases and LayerNorm (FusedLAMB use_nvlamb)")
     train.add_argument("--lr", type=cli.positive_float,
                        help="peak learning rate (default: 6e-3 for LAMB as NVIDIA's phase 1, 1e-3 for AdamW)")
-    train.add_argument("--warmup-proportion", type=cli.fraction, default=0.1)
+    train.add_argument("--warmup-proportion", type=cli.fraction, default=0.1,
+                       help="fraction of --steps with a linear LR warmup")
     train.add_argument("--poly-power", type=float, default=0.5, help="decay: lr * (1 - progress) ** power (NVIDIA: 0.5)")
     train.add_argument("--weight-decay", type=float, default=0.01, help="not applied to biases and LayerNorm")
     train.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the global norm; 0 turns it off")
@@ -67,7 +69,8 @@ def parse_args(argv=None):
     device.add_argument("--compile", action="store_true", help="torch.compile the encoder")
     out = parser.add_argument_group("output")
     out.add_argument("--export-dir", type=Path, help="Hugging Face model directory (default: OUTPUT_DIR/model)")
-    out.add_argument("--log-every", type=cli.positive_int, default=10)
+    out.add_argument("--log-every", type=cli.positive_int, default=10,
+                     help="steps between log lines and metrics.jsonl rows")
     args = parser.parse_args(argv)
     args.export_dir = args.export_dir or args.output_dir / "model"
     args.lr = args.lr or (6e-3 if args.optimizer == "lamb" else 1e-3)
@@ -312,9 +315,8 @@ def finish(run, tokens, model, metadata):
             run.log.info(f"exported a Hugging Face model to {run.settings.export_dir}")
         dist.all_ranks_true(True)  # the other ranks wait here, inside the phase
     run.write_results(summary)
-    speed = summary["sequences_per_sec"]
-    run.log.info(f"finished at step {run.state.step}: {speed:.1f} sequences/s, "
-                 f"{summary['tokens_per_sec']:.0f} tokens/s on {run.ctx.size} rank(s)")
+    run.log.info(f"finished at step {run.state.step}: {rate_text(summary['sequences_per_sec'], 'sequences')}, "
+                 f"{rate_text(summary['tokens_per_sec'], 'tokens', 0)} on {run.ctx.size} rank(s)")
     run.log.close()
 
 

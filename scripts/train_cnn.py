@@ -23,7 +23,7 @@ import horovod.torch as hvd
 from hvdtrain import batchnorm, cli, dist, images, optim, signals
 from hvdtrain import run as run_skeleton
 from hvdtrain.cli import UsageError
-from hvdtrain.metrics import SumMeter, topk_correct, total_throughput
+from hvdtrain.metrics import SumMeter, rate_text, topk_correct, total_throughput
 from hvdtrain.models import resnet
 from hvdtrain.run import Run, TrainState
 from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler
@@ -40,9 +40,9 @@ def parse_args(argv=None):
                            "the python batches directory; imagefolder: train/<class>/*, val/<class>/*")
     data.add_argument("--data", help="data directory (cifar10, imagefolder)")
     data.add_argument("--image-size", type=cli.positive_int,
-                      help="input resolution; unset (%(default)s): digits 16, cifar10/synthetic 32, imagefolder 224")
+                      help="input resolution (default: digits 16, cifar10/synthetic 32, imagefolder 224)")
     data.add_argument("--workers", type=cli.non_negative_int,
-                      help="DataLoader processes per rank; unset (%(default)s): 4 for imagefolder, else 0")
+                      help="DataLoader processes per rank (default: 4 for imagefolder, else 0)")
     data.add_argument("--verify-images", action=flag, default=True,
                       help="decode every image file before training (each rank checks its share)")
     data.add_argument("--synthetic-samples", type=cli.positive_int, default=4096, help="synthetic epoch size")
@@ -71,8 +71,8 @@ def parse_args(argv=None):
                          help="combine updates with Adasum instead of averaging gradients (needs MPI)")
     horovod.add_argument("--gradient-predivide-factor", type=cli.positive_float, default=1.0,
                          help="divide gradients by this before the sum and by size/factor after")
-    horovod.add_argument("--amp", action=flag, help="mixed precision; unset (%(default)s): on with CUDA")
-    horovod.add_argument("--channels-last", action=flag, help="NHWC layout; unset (%(default)s): on with CUDA")
+    horovod.add_argument("--amp", action=flag, help="mixed precision (default: on with CUDA)")
+    horovod.add_argument("--channels-last", action=flag, help="NHWC layout (default: on with CUDA)")
     return parser.parse_args(argv)
 
 
@@ -319,7 +319,7 @@ def main():
     path = run.write_results({**results(run, time.perf_counter() - started), "completed": True})
     row = state.last_row
     run.log.info(f"val_top1 {row['val_top1']:.4f} val_top5 {row['val_top5']:.4f} "
-                 f"{run.rates()[0]:.1f} images/s; results in {path}")
+                 f"{rate_text(run.rates()[0], 'images')}; results in {path}")
     run.log.close()
 
 

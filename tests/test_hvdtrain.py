@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvdtrain import checkpoint, dist, optim
+from hvdtrain import checkpoint, cli, dist, metrics, optim, runlog
 from hvdtrain.cli import UsageError
 from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler, assign_files
 
@@ -195,3 +195,35 @@ def test_sync_batchnorm_conversion_keeps_every_statistic():
     after = converted.state_dict()
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+# ---------------------------------------------------------------- what a run prints
+def test_resume_command_drops_the_flags_that_would_not_resume():
+    argv = ["scripts/train_cnn.py", "--output-dir", "runs/my run", "--no-resume", "--stop-after", "3",
+            "--max-steps=4", "--epochs", "2"]
+    assert cli.resume_command(argv) == "scripts/train_cnn.py --output-dir 'runs/my run' --epochs 2"
+
+
+def test_progress_report_every_interval_with_rate_and_time_left():
+    now = [100.0]
+    report = runlog.ProgressReport(total_steps=400, start_step=100, interval=30, clock=lambda: now[0])
+    now[0] = 110.0
+    assert report.line(120) is None  # within the interval
+    now[0] = 150.0
+    assert report.line(200) == "progress: step 200/400 (50%), 2 steps/s, about 1 min 40 s left"
+    now[0] = 160.0
+    assert report.line(220) is None  # 10 s after the last line
+    assert runlog.ProgressReport(10, 0, 0, clock=lambda: now[0]).line(5) is None  # 0: no lines
+
+
+def test_progress_interval_and_durations():
+    assert runlog.progress_interval({}) == 30.0
+    assert runlog.progress_interval({"HVDTRAIN_PROGRESS_SECONDS": "0"}) == 0.0
+    with pytest.raises(UsageError, match="HVDTRAIN_PROGRESS_SECONDS='soon'"):
+        runlog.progress_interval({"HVDTRAIN_PROGRESS_SECONDS": "soon"})
+    assert [runlog.duration(s) for s in (42, 185, 7620)] == ["42 s", "3 min 05 s", "2 h 07 min"]
+
+
+def test_a_rate_that_was_not_timed_says_so():
+    assert metrics.rate_text(863.24, "images") == "863.2 images/s"
+    assert metrics.rate_text(0.0, "images") == "images/s: too few steps to time"

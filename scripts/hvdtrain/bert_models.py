@@ -118,6 +118,9 @@ def export(model, tokenizer, directory):
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.config.architectures = ["BertForPreTraining"]
+    # Transformers' "Writing model shards" bar would end the run log with a stray tqdm line.
+    from transformers.utils import logging as transformers_logging
+    transformers_logging.disable_progress_bar()
     model.save_pretrained(str(directory))
     save_tokenizer(tokenizer, directory)
     return directory

@@ -5,6 +5,7 @@ its own; only the first rank prints, so a 64-rank job shows one line, not 64.
 """
 import argparse
 import os
+import shlex
 import sys
 
 USAGE_ERROR_EXIT = 2
@@ -45,11 +46,34 @@ def fail(message, prog=None, every_rank_fails=True):
     sys.exit(USAGE_ERROR_EXIT)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help of every script: each option's default shown once, texts kept as written.
+
+    argparse's ArgumentDefaultsHelpFormatter appends "(default: X)" even where
+    the help already explains the default ("(default: the shards') (default:
+    None)") or where it means nothing (a store_true flag's False, the True of
+    --cased that stores False). Descriptions and epilogs keep their line breaks:
+    the shard format is a layout, not a paragraph.
+    """
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        return text + " (default: %(default)s)" if _default_worth_showing(action, text) else text
+
+
+def _default_worth_showing(action, text):
+    if action.default in (None, False, argparse.SUPPRESS):
+        return False  # unset, or an off flag: the help says what happens then
+    if "default" in text or "unset" in text:
+        return False  # the help names the default itself (BooleanOptionalAction adds one)
+    return action.nargs != 0  # a flag's stored constant is no default a user picks
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with defaults shown in --help and single-line errors."""
+    """argparse with defaults shown once in --help and single-line errors."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message):
@@ -102,8 +126,41 @@ def agree_on_errors(allgather, check, *args, **kwargs):
     return result
 
 
+def whole_line_output():
+    """Make stdout and stderr write each line in one write.
+
+    With PYTHONUNBUFFERED=1 (set by the test suite, common in job scripts) print()
+    writes its text, its separators and its newline as separate writes, and
+    Open MPI tags every write, so lines end with a stray "[1,0]<stdout>:" tag.
+    Line buffering joins them; a line still leaves as soon as it is complete.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # not when a caller replaced the stream
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
+def resume_command(argv=None):
+    """This script's own part of the command line, as it resumes: what to relaunch.
+
+    Without --no-resume (which would delete the checkpoint) and without
+    --stop-after/--max-steps (which would stop again one step later). The
+    launcher's part (horovodrun -np 2 ...) is not visible to a rank.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--stop-after", "--max-steps"):
+            skip = True  # and its value
+        elif arg != "--no-resume" and not arg.startswith(("--stop-after=", "--max-steps=")):
+            kept.append(arg)
+    return shlex.join(kept)
+
+
 def run_main(main):
     """Run ``main()``; a UsageError anywhere becomes one line and exit status 2."""
+    whole_line_output()
     try:
         main()
     except UsageError as error:

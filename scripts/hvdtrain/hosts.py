@@ -19,7 +19,7 @@ cannot skip comments or blank lines and needs ``slots=`` on every line, so the
 Pure Python (no torch, no Horovod): the host tools run anywhere, fast.
 """
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .cli import UsageError
 
@@ -37,6 +37,7 @@ class Host:
     name: str
     slots: int
     max_slots: int = None
+    lines: list = field(default_factory=list, compare=False, repr=False)  # hostfile lines it came from
 
 
 # ---------------------------------------------------------------- nodelists
@@ -130,11 +131,12 @@ def parse_hostfile(text, source="hostfile", default_slots=1, input_format="auto"
         where = f"{source} line {number}"
         if input_format == "horovodrun":
             hosts.append(_parse_horovodrun_line(raw, where))
-            continue
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        hosts.append(_parse_line(line, where, default_slots, input_format))
+        else:
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            hosts.append(_parse_line(line, where, default_slots, input_format))
+        hosts[-1].lines.append(number)  # so a too-small file can name its lines
     if not hosts:
         raise UsageError(f"{source}: no hosts (only comments or blank lines)")
     return merge(hosts)
@@ -211,6 +213,7 @@ def merge(hosts):
             merged[host.name] = Host(host.name, 0, None)
         entry = merged[host.name]
         entry.slots += host.slots
+        entry.lines += host.lines
         if host.max_slots is not None:
             entry.max_slots = (entry.max_slots or 0) + host.max_slots
     return list(merged.values())
@@ -294,8 +297,17 @@ def total_slots(hosts):
 
 
 def check_np(hosts, np, source):
-    if np is not None and np > total_slots(hosts):
-        raise UsageError(f"-np {np} is more than the {total_slots(hosts)} slots in {source}")
+    """-np must fit the slots; the error says where each host's slots come from."""
+    if np is None or np <= total_slots(hosts):
+        return
+    shown = "; ".join(_slots_of(host) for host in hosts[:4]) + ("; ..." if len(hosts) > 4 else "")
+    raise UsageError(f"-np {np} is more than the {total_slots(hosts)} slots in {source} ({shown}): "
+                     "raise slots= or add hosts (one machine: mpirun --oversubscribe)")
+
+
+def _slots_of(host):
+    where = f"line {', '.join(map(str, host.lines))}: " if host.lines else ""
+    return f"{where}{host.name} {host.slots} slot{'s' if host.slots != 1 else ''}"
 
 
 def render(hosts, fmt):

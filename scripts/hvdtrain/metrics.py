@@ -108,6 +108,11 @@ def _rate(total):
     return samples / seconds if samples and seconds > 0 else None
 
 
+def rate_text(rate, unit, digits=1):
+    """``863.2 images/s``; a launch too short to time says so instead of ``0.0 images/s``."""
+    return f"{rate:.{digits}f} {unit}/s" if rate else f"{unit}/s: too few steps to time"
+
+
 def total_throughput(local_rate):
     """(samples/s summed over all ranks, the same per rank); 0 where not yet measured."""
     rate = torch.tensor([local_rate or 0.0], dtype=torch.float64)

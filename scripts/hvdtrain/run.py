@@ -15,7 +15,6 @@ What it owns, once for both: the shared command-line flags, the train state
 import argparse
 import atexit
 import resource
-import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -58,7 +57,7 @@ def add_run_arguments(parser, output_dir, checkpoint_every):
     device.add_argument("--fp16-allreduce", action="store_true", help="Horovod: send gradients as fp16")
     device.add_argument("--cpu", action="store_true", help="ignore GPUs")
     device.add_argument("--threads", type=cli.positive_int,
-                        help="CPU threads per rank; unset: cores / ranks on the node")
+                        help="CPU threads per rank (default: cores / ranks on the node)")
     add_horovod_diagnostics(device)
     return device
 
@@ -173,10 +172,10 @@ class Run:
         if checkpoint:
             self.checkpoint()
         self.write_results({**results, "completed": False})
-        again = ("relaunch the same command without --no-resume" if "--no-resume" in sys.argv
-                 else "relaunch the same command")
+        # The command to print resumes: no --no-resume (it deletes the checkpoint), no --stop-after.
         self.log.info(f"stopped by {reason} at step {self.state.step}: checkpoint written to "
-                      f"{self.settings.output_dir}; {again} to continue")
+                      f"{self.settings.output_dir}; to continue, relaunch with the same launcher: "
+                      f"python {cli.resume_command()}")
         self.log.close()
 
     def rates(self):

@@ -1,8 +1,11 @@
-"""Rank-0 output of a run: log lines or a progress bar, metrics.jsonl, TensorBoard, results.json."""
+"""Rank-0 output of a run: log lines and progress, metrics.jsonl, TensorBoard, results.json."""
 import json
 import os
 import sys
+import time
 from pathlib import Path
+
+from .cli import UsageError
 
 try:
     from tqdm import tqdm
@@ -17,7 +20,10 @@ class RunLog:
         self.enabled = ctx.is_main
         self.output_dir = Path(output_dir)
         self.bar = None
+        self.report = None
         self.writer = None
+        # Read on every rank, so a bad value stops every rank alike.
+        interval = progress_interval(os.environ)
         if not self.enabled:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -26,6 +32,9 @@ class RunLog:
             drop_rows_after(self.metrics_path, resumed_step)
         if tqdm is not None and sys.stderr.isatty():
             self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
+        elif total_steps:
+            # Under a launcher stdout is a pipe: no bar, a line now and then instead.
+            self.report = ProgressReport(total_steps, resumed_step, interval)
         if tensorboard:
             self.writer = _tensorboard_writer(self.output_dir / "tensorboard", resumed_step)
 
@@ -38,10 +47,14 @@ class RunLog:
             print(message, flush=True)
 
     def progress(self, step, **values):
-        """Advance the progress bar to ``step`` (terminal only)."""
+        """Advance the progress bar to ``step`` (terminal), or print a periodic progress line."""
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in values.items()}, refresh=False)
+        elif self.report is not None:
+            line = self.report.line(step)
+            if line:
+                self.info(line)
 
     def record(self, row, step):
         """Append one JSON object to metrics.jsonl and the scalars to TensorBoard."""
@@ -70,6 +83,52 @@ class RunLog:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
+
+
+PROGRESS_SECONDS_VAR = "HVDTRAIN_PROGRESS_SECONDS"
+DEFAULT_PROGRESS_SECONDS = 30.0
+
+
+def progress_interval(env):
+    """Seconds between progress lines when there is no terminal (0: none)."""
+    text = env.get(PROGRESS_SECONDS_VAR, "")
+    if not text:
+        return DEFAULT_PROGRESS_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise UsageError(f"{PROGRESS_SECONDS_VAR}={text!r}: must be a number of seconds, 0 or more",
+                         on_every_rank=True)
+    return value
+
+
+class ProgressReport:
+    """``progress: step 120/400 (30%), 2.1 steps/s, about 2 min 13 s left``, every ``interval`` s."""
+
+    def __init__(self, total_steps, start_step, interval, clock=time.monotonic):
+        self.total, self.start_step, self.interval, self.clock = total_steps, start_step, interval, clock
+        self.started = self.last = clock()
+
+    def line(self, step):
+        now = self.clock()
+        if not self.interval or now - self.last < self.interval or step <= self.start_step:
+            return None
+        self.last = now
+        rate = (step - self.start_step) / max(now - self.started, 1e-9)  # this launch's steps
+        return (f"progress: step {step}/{self.total} ({100 * step / self.total:.0f}%), {rate:.3g} steps/s, "
+                f"about {duration(max(self.total - step, 0) / rate)} left")
+
+
+def duration(seconds):
+    """42 s, 3 min 05 s, 2 h 07 min."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def drop_rows_after(path, step):

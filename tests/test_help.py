@@ -1,0 +1,116 @@
+"""Every script's --help, as a user reads it: each option explained, each default shown once.
+
+The scripts share one formatter (hvdtrain.cli.HelpFormatter); these tests read
+the real `python scripts/X.py --help` output, so an option added without help,
+or a help text that names its default while argparse appends another, fails.
+"""
+import functools
+import re
+
+import pytest
+
+from launch import REPO, SCRIPTS, python
+
+SCRIPT_NAMES = ["train_cnn.py", "prepare_bert_data.py", "pretrain_bert.py", "make_hostfile.py",
+                "discover_hosts.py", "benchmark.py", "benchmark.py train", "benchmark.py allreduce",
+                "benchmark.py scaling"]
+DEFAULT = re.compile(r"\(default:")
+
+
+def help_entries(text):
+    """{option line: its help text} from argparse's --help output.
+
+    An entry starts on a line indented by two spaces: an option ("  --seed SEED")
+    or, under "positional arguments:", a name. Its help follows on the same line
+    after a gap and on the lines indented deeper below it.
+    """
+    entries, current, positional = {}, None, False
+    for line in text.splitlines():
+        if line and not line.startswith(" "):  # a section title, the usage or the epilog
+            positional, current = line.startswith("positional arguments"), None
+            continue
+        starts = re.match(r"^  (\S.*?)(?:\s{2,}(.*))?$", line)
+        if starts and (starts.group(1).startswith("-") or positional):
+            current = starts.group(1)
+            entries[current] = starts.group(2) or ""
+        elif current and line.startswith("   "):
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    return entries
+
+
+@functools.cache
+def help_text(name):
+    script, *subcommand = name.split()
+    ran = python([SCRIPTS / script, *subcommand, "--help"], timeout=60)
+    assert ran.returncode == 0, ran.describe()
+    return ran.output
+
+
+@pytest.fixture(params=SCRIPT_NAMES)
+def script_help(request):
+    return request.param, help_text(request.param)
+
+
+def test_every_option_has_a_help_text(script_help):
+    name, text = script_help
+    entries = help_entries(text)
+    usage_options = set(re.findall(r"\[(-[-\w]+)", text.split("\n\n")[0]))
+    listed = {option.split()[0].rstrip(",") for option in entries}
+    assert usage_options and usage_options <= listed, (name, usage_options - listed)
+    missing = [option for option, help_text in entries.items() if not help_text.strip()]
+    assert not missing, f"{name}: options without help: {missing}"
+
+
+def test_each_default_is_shown_once_and_means_something(script_help):
+    name, text = script_help
+    for option, help_text in help_entries(text).items():
+        assert len(DEFAULT.findall(help_text)) <= 1, f"{name} {option}: {help_text}"
+        assert "(default: None)" not in help_text and "(None)" not in help_text, f"{name} {option}: {help_text}"
+        takes_value = len(option.split(",")[0].split()) > 1
+        paired = "--no-" in option  # --resume, --no-resume: the default is which one applies
+        if not takes_value and not paired:  # a flag: True/False says nothing about what it does
+            assert not re.search(r"\(default: (True|False)\)", help_text), f"{name} {option}: {help_text}"
+
+
+def test_help_entries_reads_argparse_layout():
+    """The parser above, on a sample: an option without help, a wrapped help, a positional."""
+    sample = ("usage: x.py [-h] [--a A] [--b] [file]\n\ndescription\n\npositional arguments:\n"
+              "  file        a file\n\noptions:\n"
+              "  -h, --help  show this help message and exit\n  --a A\n  --b         flag help\n"
+              "              wrapped (default: 1)\n\nEpilog:\n  layout line\n")
+    entries = help_entries(sample)
+    assert entries["--a A"] == "" and entries["--b"] == "flag help wrapped (default: 1)"
+    assert entries["file"] == "a file" and "layout line" not in entries
+
+
+def test_shard_format_keeps_its_layout():
+    text = help_text("prepare_bert_data.py")
+    assert re.search(r"\n  shard-NNNNN\.h5 +HDF5", text), text
+    assert re.search(r"\n      input_ids +int32", text), text
+
+
+# Options of other programs that the README names, by program; a file's options must be in that file.
+OTHER_PROGRAMS = {
+    "horovodrun": {"--gloo", "--mpi", "--min-np", "--max-np", "--network-interface", "--check-build"},
+    "mpirun": {"--bind-to", "--mca", "--oversubscribe"},
+    "sbatch, srun, scancel": {"--nodes", "--ntasks-per-node", "--gpus-per-node", "--gpus-per-task",
+                              "--cpus-per-task", "--signal", "--requeue", "--dependency", "--batch", "--mpi"},
+    "pip, venv": {"--no-binary", "--no-deps", "--no-build-isolation", "--system-site-packages"},
+    "scripts/setup/setup.sh": {"--dry-run"},
+    "slurm/submit_bert_phases.sh": {"--phase1", "--phase2", "--phase1-data", "--phase2-data", "--sbatch"},
+}
+
+
+def test_every_option_the_readme_names_exists():
+    """An option renamed or removed in a script (or one that never existed, like
+    make_hostfile.py --check) fails here while the README still names it."""
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", (REPO / "README.md").read_text()))
+    known = set().union(*(re.findall(r"--[a-z][a-z0-9-]*", help_text(name)) for name in SCRIPT_NAMES))
+    for program, options in OTHER_PROGRAMS.items():
+        if "/" in program:
+            source = (REPO / program).read_text()
+            assert all(option in source for option in options), program
+        known |= options
+    assert not named - known, f"README.md names options no script has: {sorted(named - known)}"
