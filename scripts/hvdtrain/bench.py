@@ -85,7 +85,8 @@ class DdpBackend:
 
     def __init__(self, args):
         if args.accumulation_steps != 1 or args.fp16_allreduce:
-            raise UsageError("--baseline ddp measures plain DDP: drop --accumulation-steps and --fp16-allreduce")
+            raise UsageError("--baseline ddp measures plain DDP: drop --accumulation-steps and --fp16-allreduce",
+                             on_every_rank=True)
         address = rendezvous_with_horovod()
         self.device = pick_device(args.cpu, self.local_rank)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -156,7 +157,8 @@ class SingleBackend:
 
     def __init__(self, args):
         if launched_size() > 1 or int(os.environ.get("HOROVOD_SIZE", "1")) > 1:
-            raise UsageError("--baseline none is one process with no distribution: launch it with plain python")
+            raise UsageError("--baseline none is one process with no distribution: launch it with plain python",
+                             on_every_rank=True)  # every rank finds the same
         self.device = pick_device(args.cpu, 0)
         self.threads = threads_for(1, args.threads)
         torch.set_num_threads(self.threads)
