@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""Scaling across a shaped link, on two simulated hosts (the README's Performance section).
+
+    .venv/bin/python tests/link_study.py --output-dir runs/link-study     # as root
+
+Builds hvd-a and hvd-b (tests/two_hosts.py: two network namespaces joined by a
+veth pair, sshd on hvd-b), limits the link with tc's token-bucket filter in
+both directions, and runs ``scripts/benchmark.py train`` with one rank per host
+under ``horovodrun --gloo`` for each link rate, model, gradient compression and
+fusion threshold, plus one single-rank run per model (the efficiency base).
+Before each rate, a 64 MiB allreduce checks what the link really carries.
+Writes study.json, study.md (the table) and study.png.
+
+Both "hosts" share this machine's cores, one thread per rank. netem is not in
+every kernel (not in this machine's): then only the rate is shaped and the
+round-trip time is the veth pair's own (tens of microseconds).
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from launch import SCRIPTS, launch  # noqa: E402
+from two_hosts import INTERFACE, TwoHosts, require_two_hosts, sh  # noqa: E402
+
+BENCH = SCRIPTS / "benchmark.py"
+# Sizes that take seconds per step on one CPU core.
+MODEL_ARGS = {
+    "resnet50": ["--model", "resnet50", "--image-size", "64", "--batch-size", "16"],
+    "bert-base": ["--model", "bert-base", "--seq-length", "128", "--batch-size", "4"],
+    "resnet20": ["--model", "resnet20", "--batch-size", "32"],
+    "bert-mini": ["--model", "bert-mini", "--seq-length", "128", "--batch-size", "8"],
+}
+TIMING = ["--warmup-steps", "1", "--window-steps", "2", "--windows", "3", "--threads", "1"]
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/link-study"), help="results")
+    parser.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"], help="tc rates ('none': unshaped)")
+    parser.add_argument("--models", nargs="+", choices=list(MODEL_ARGS), default=["resnet50", "bert-base"],
+                        help="what to train")
+    parser.add_argument("--fusion-mb", nargs="+", type=int, default=[128, 0],
+                        help="HOROVOD_FUSION_THRESHOLD values in MiB (0: no fusion)")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per launch")
+    return parser.parse_args()
+
+
+def shape(hosts, rate):
+    """The same rate limit on both ends of the link (egress of each host's interface)."""
+    for namespace in hosts.namespaces.values():
+        subprocess_tc = ["ip", "netns", "exec", namespace, "tc", "qdisc"]
+        if rate == "none":
+            launch([*subprocess_tc, "del", "dev", INTERFACE, "root"], timeout=20)
+            continue
+        bits = parse_rate(rate)
+        burst = max(64 * 1024, bits // 8 // 100)  # 10 ms worth: the rate holds at high speeds
+        sh([*subprocess_tc, "replace", "dev", INTERFACE, "root", "tbf", "rate", rate, "burst", str(burst),
+            "latency", "50ms"])
+
+
+def parse_rate(rate):
+    units = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+    for unit, factor in units.items():
+        if rate.endswith(unit):
+            return int(float(rate[:-len(unit)]) * factor)
+    raise SystemExit(f"link_study.py: error: rate {rate!r}: use e.g. 1gbit, 500mbit, none")
+
+
+def on_two_hosts(hosts, np, arguments, timeout):
+    # One rank stays on hvd-a (horovodrun's local host); two use one slot on each host.
+    hosts_args = [] if np == 1 else ["-H", "hvd-a:1,hvd-b:1", "--network-interface", INTERFACE]
+    command = ["horovodrun", "-np", str(np), *hosts_args, "--gloo", sys.executable, BENCH, *arguments]
+    ran = launch(hosts.on_a(command), timeout=timeout, env=hosts.env())
+    if ran.returncode != 0 or ran.timed_out:
+        raise SystemExit(f"link_study.py: error: a launch failed:\n{ran.describe()}")
+    return ran
+
+
+def link_check(hosts, rate, directory, timeout):
+    output = directory / f"allreduce-{rate}.json"
+    on_two_hosts(hosts, 2, ["allreduce", "--min-bytes", "64M", "--max-bytes", "64M", "--dtypes", "float32",
+                            "--libraries", "horovod", "--seconds", "2", "--threads", "1", "--output", output],
+                 timeout)
+    (row,) = json.loads(output.read_text())["rows"]
+    return row["algbw_gbps"]
+
+
+def train(hosts, np, model, extra, output, timeout):
+    started = time.monotonic()
+    on_two_hosts(hosts, np, ["train", *MODEL_ARGS[model], *TIMING, *extra, "--output", output], timeout)
+    result = json.loads(output.read_text())
+    print(f"  {output.name}: {result['total']['median']:.2f} {result['unit']} "
+          f"({time.monotonic() - started:.0f} s)", flush=True)
+    return result
+
+
+def study(args, hosts):
+    directory = args.output_dir
+    directory.mkdir(parents=True, exist_ok=True)
+    shape(hosts, "none")
+    base = {model: train(hosts, 1, model, [], directory / f"{model}-np1.json", args.timeout)["total"]["median"]
+            for model in args.models}
+    rows = []
+    for rate in args.rates:
+        shape(hosts, rate)
+        measured = link_check(hosts, rate, directory, args.timeout)
+        print(f"link {rate}: a 64 MiB allreduce moves {measured:.3f} GB/s (algbw)", flush=True)
+        for model in args.models:
+            for fusion in args.fusion_mb:
+                for fp16 in (False, True):
+                    extra = ["--fusion-threshold-mb", str(fusion)] + (["--fp16-allreduce"] if fp16 else [])
+                    name = f"{model}-{rate}-fusion{fusion}{'-fp16' if fp16 else ''}.json"
+                    result = train(hosts, 2, model, extra, directory / name, args.timeout)
+                    total = result["total"]["median"]
+                    rows.append({"rate": rate, "link_algbw_gbps": measured, "model": model, "fusion_mb": fusion,
+                                 "fp16_allreduce": fp16, "total": total, "unit": result["unit"],
+                                 "spread": [result["total"]["min"], result["total"]["max"]],
+                                 "efficiency": total / (2 * base[model])})
+    shape(hosts, "none")
+    summary = {"base_one_rank": base, "rows": rows, "timing": TIMING, "models": {m: MODEL_ARGS[m] for m in args.models},
+               "command": " ".join(sys.argv)}
+    (directory / "study.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (directory / "study.md").write_text(table(summary))
+    plot(summary, directory / "study.png")
+    print(table(summary), flush=True)
+
+
+def table(summary):
+    lines = ["| link (measured algbw) | model | fusion | fp16 | total | efficiency |", "|---|---|---|---|---|---|"]
+    for row in summary["rows"]:
+        lines.append(f"| {row['rate']} ({row['link_algbw_gbps']:.3f} GB/s) | {row['model']} | "
+                     f"{row['fusion_mb']} MiB | {'yes' if row['fp16_allreduce'] else 'no'} | "
+                     f"{row['total']:.2f} {row['unit']} | {row['efficiency']:.2f} |")
+    bases = ", ".join(f"{model} {value:.2f}" for model, value in summary["base_one_rank"].items())
+    return "\n".join(lines) + f"\n\nOne rank, unshaped: {bases} (per second).\n"
+
+
+def plot(summary, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    models = list(summary["base_one_rank"])
+    figure, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.5), squeeze=False)
+    for axis, model in zip(axes[0], models):
+        rows = [row for row in summary["rows"] if row["model"] == model]
+        rates = sorted({row["rate"] for row in rows}, key=parse_rate)
+        for fusion in sorted({row["fusion_mb"] for row in rows}, reverse=True):
+            for fp16 in (False, True):
+                points = [next(r["efficiency"] for r in rows if r["rate"] == rate and r["fusion_mb"] == fusion
+                               and r["fp16_allreduce"] == fp16) for rate in rates]
+                axis.plot(rates, points, "o-" if fp16 else "s--",
+                          label=f"fusion {fusion} MiB{', fp16' if fp16 else ''}")
+        axis.set(title=model, xlabel="link rate", ylabel="efficiency T(2) / (2 T(1))", ylim=(0, 1.1))
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main():
+    args = parse_args()
+    require_two_hosts()
+    hosts = TwoHosts().start()
+    try:
+        study(args, hosts)
+    finally:
+        hosts.stop()
+
+
+if __name__ == "__main__":
+    main()
