@@ -122,3 +122,13 @@ def test_bad_arguments_are_one_line(args, fragment):
     assert run.returncode == 2, run.describe()
     lines = run.output.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], run.describe()
+
+
+def test_trainers_write_horovod_timeline_and_autotune_log(tmp_path):
+    """The same diagnostics options in the trainers (shared: hvdtrain.run.add_horovod_diagnostics)."""
+    timeline, tuning = tmp_path / "diag" / "timeline.json", tmp_path / "diag" / "autotune.csv"
+    ok(horovodrun(2, [SCRIPTS / "train_cnn.py", "--model", "convnet", "--image-size", "8", "--epochs", "1",
+                      "--output-dir", tmp_path / "out", "--horovod-timeline", timeline,
+                      "--horovod-autotune-log", tuning], timeout=240))
+    assert timeline.read_text().startswith("[") and "ALLREDUCE" in timeline.read_text()
+    assert tuning.read_text().startswith("hierarchical_allreduce,")  # the autotuner's CSV header
