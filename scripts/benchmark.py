@@ -6,6 +6,7 @@
     python scripts/benchmark.py train --model resnet20 --baseline none                  # no distribution
     mpirun -np 2 python scripts/benchmark.py allreduce          # hvd.allreduce vs mpi4py vs torch.distributed
     python scripts/benchmark.py scaling --np 1 2 --output-dir runs/scaling -- --model resnet20
+    python scripts/benchmark.py compare --np 2 --repeats 3 -- --model bert-mini   # all four, with ratios
 
 train: synthetic data through the trainers' own models and training steps
 (train_cnn.Trainer.train_step, pretrain_bert.train_step); warm-up steps are
@@ -15,6 +16,8 @@ allreduce: a message-size sweep with time, algorithm bandwidth and bus
 bandwidth (algbw x 2(n-1)/n) side by side, as nccl-tests reports them.
 scaling: launches `horovodrun -np N ... train` for each N and writes a table,
 scaling.json and scaling.png (throughput and efficiency T(N) / (N T(1))).
+compare: Horovod and DDP on N workers, Horovod on one and the plain loop,
+interleaved for --repeats rounds; medians and their ratios in compare.json.
 Every result file records the environment and the exact command.
 """
 import argparse
@@ -72,6 +75,19 @@ def parse_args(argv=None):
     scaling.add_argument("--output-dir", type=Path, default=Path("runs/scaling"),
                          help="train-np<N>.json per size, scaling.json, scaling.png")
     scaling.add_argument("--timeout", type=cli.positive_int, default=1800, help="seconds per launch")
+    compare = modes.add_parser("compare", help="Horovod, DDP, one Horovod worker and no distribution, "
+                                               "interleaved, with their ratios",
+                               epilog="Arguments after -- go to every `benchmark.py train` run.")
+    compare.add_argument("--np", type=cli.positive_int, default=2, help="workers of the Horovod and DDP runs")
+    compare.add_argument("--controller", choices=["gloo", "mpi"], default="gloo", help="horovodrun --gloo or --mpi")
+    compare.add_argument("--repeats", type=cli.positive_int, default=3,
+                         help="rounds of the four runs, one after another (drift hits all four alike)")
+    compare.add_argument("--horovod-args", default="",
+                         help="train options for the Horovod runs only, e.g. '--cycle-time-ms 5'")
+    compare.add_argument("--horovodrun-args", default="", help="more horovodrun options")
+    compare.add_argument("--output-dir", type=Path, default=Path("runs/compare"),
+                         help="one JSON per run, compare.json")
+    compare.add_argument("--timeout", type=cli.positive_int, default=1800, help="seconds per launch")
     argv = sys.argv[1:] if argv is None else argv
     passed = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -375,18 +391,22 @@ def report_allreduce(result):
 
 
 # ============================================================================= scaling
+def launch_train(args, size, train_args, output, launcher=True):
+    """One `benchmark.py train` run, under horovodrun (or plain python); its result."""
+    output.unlink(missing_ok=True)
+    command = [sys.executable, str(Path(__file__).resolve()), "train", *train_args, "--output", str(output)]
+    if launcher:
+        command = ["horovodrun", "-np", str(size), f"--{args.controller}", *shlex.split(args.horovodrun_args),
+                   *command]
+    print(f"$ {shlex.join(command)}", flush=True)
+    if not run_bounded(command, args.timeout) or not output.is_file():
+        raise UsageError(f"a benchmark run failed (command above); no {output}")
+    return json.loads(output.read_text())
+
+
 def scaling(args):
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for size in args.np:
-        output = args.output_dir / f"train-np{size}.json"
-        output.unlink(missing_ok=True)
-        command = ["horovodrun", "-np", str(size), f"--{args.controller}", *shlex.split(args.horovodrun_args),
-                   sys.executable, str(Path(__file__).resolve()), "train", *args.train_args, "--output", str(output)]
-        print(f"$ {shlex.join(command)}", flush=True)
-        if not run_bounded(command, args.timeout) or not output.is_file():
-            raise UsageError(f"the {size}-worker run failed (command above); no {output}")
-        runs.append(json.loads(output.read_text()))
+    runs = [launch_train(args, size, args.train_args, args.output_dir / f"train-np{size}.json") for size in args.np]
     table = scaling_table(runs)
     result = {"mode": "scaling", "rows": table, "runs": [str(args.output_dir / f"train-np{n}.json") for n in args.np],
               "environment": {**runs[0]["environment"], "command": shlex.join([sys.executable, *sys.argv])}}
@@ -394,6 +414,36 @@ def scaling(args):
     write_json(result, args.output_dir / "scaling.json")
     plot_scaling(table, runs[0]["unit"], args.output_dir / "scaling.png")
     print(f"wrote {args.output_dir / 'scaling.json'} and {args.output_dir / 'scaling.png'}", flush=True)
+
+
+def compare(args):
+    """The issue every Horovod user asks first, answered side by side: ratios of medians."""
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    horovod_args = [*args.train_args, *shlex.split(args.horovod_args)]
+    kinds = {  # name: (workers, train arguments, under horovodrun)
+        "horovod": (args.np, horovod_args, True),
+        "ddp": (args.np, [*args.train_args, "--baseline", "ddp"], True),
+        "horovod_1": (1, horovod_args, True),
+        "none": (1, [*args.train_args, "--baseline", "none"], False),
+    }
+    rates = {kind: [] for kind in kinds}
+    for repeat in range(args.repeats):
+        for kind, (size, train_args, launcher) in kinds.items():
+            result = launch_train(args, size, train_args, args.output_dir / f"{kind}-{repeat}.json", launcher)
+            rates[kind].append(result["total"]["median"])
+            unit, environment = result["unit"], result["environment"]
+    medians = {kind: bench.summarize(values)["median"] for kind, values in rates.items()}
+    ratios = {"horovod / ddp": medians["horovod"] / medians["ddp"],
+              "horovod_1 / none": medians["horovod_1"] / medians["none"],
+              f"weak scaling 1 -> {args.np}": medians["horovod"] / (args.np * medians["horovod_1"])}
+    result = {"mode": "compare", "unit": unit, "rates": rates, "medians": medians, "ratios": ratios,
+              "environment": {**environment, "command": shlex.join([sys.executable, *sys.argv])}}
+    for kind, values in rates.items():
+        print(f"{kind:>10}: median {medians[kind]:.1f} {unit} over {len(values)} runs "
+              f"({', '.join(f'{value:.1f}' for value in values)})", flush=True)
+    for name, value in ratios.items():
+        print(f"{name}: {value:.3f}", flush=True)
+    write_json(result, args.output_dir / "compare.json")
 
 
 def run_bounded(command, timeout):
@@ -457,7 +507,7 @@ def write_json(result, path):
 
 def main():
     args = parse_args()
-    {"train": train, "allreduce": allreduce, "scaling": scaling}[args.mode](args)
+    {"train": train, "allreduce": allreduce, "scaling": scaling, "compare": compare}[args.mode](args)
 
 
 if __name__ == "__main__":

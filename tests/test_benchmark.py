@@ -132,3 +132,19 @@ def test_trainers_write_horovod_timeline_and_autotune_log(tmp_path):
                       "--horovod-autotune-log", tuning], timeout=240))
     assert timeline.read_text().startswith("[") and "ALLREDUCE" in timeline.read_text()
     assert tuning.read_text().startswith("hierarchical_allreduce,")  # the autotuner's CSV header
+
+
+def test_compare_runs_all_four_interleaved_and_reports_ratios(tmp_path):
+    out = tmp_path / "compare"
+    run = ok(python([BENCH, "compare", "--repeats", "1", "--output-dir", out,
+                     "--horovod-args", "--cycle-time-ms 2", "--", *CNN[1:]], timeout=400))
+    data = json.loads((out / "compare.json").read_text())
+    assert set(data["rates"]) == {"horovod", "ddp", "horovod_1", "none"}
+    medians = data["medians"]
+    assert data["ratios"]["horovod / ddp"] == medians["horovod"] / medians["ddp"]
+    assert data["ratios"]["horovod_1 / none"] == medians["horovod_1"] / medians["none"]
+    assert data["ratios"]["weak scaling 1 -> 2"] == medians["horovod"] / (2 * medians["horovod_1"])
+    assert result(out / "horovod-0.json")["environment"]["knobs"]["HOROVOD_CYCLE_TIME"] == "2.0"
+    assert "HOROVOD_CYCLE_TIME" not in result(out / "ddp-0.json")["environment"]["knobs"]
+    for name in ("horovod / ddp", "horovod_1 / none", "weak scaling 1 -> 2"):
+        assert re.search(rf"^{re.escape(name)}: [\d.]+$", run.output, re.MULTILINE), run.describe()

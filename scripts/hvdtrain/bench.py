@@ -84,9 +84,10 @@ class DdpBackend:
     name = "ddp"
 
     def __init__(self, args):
-        if args.accumulation_steps != 1 or args.fp16_allreduce:
-            raise UsageError("--baseline ddp measures plain DDP: drop --accumulation-steps and --fp16-allreduce",
+        if args.accumulation_steps != 1:
+            raise UsageError("--baseline ddp runs one backward pass per allreduce: drop --accumulation-steps",
                              on_every_rank=True)
+        self.fp16 = args.fp16_allreduce
         address = rendezvous_with_horovod()
         self.device = pick_device(args.cpu, self.local_rank)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -114,7 +115,11 @@ class DdpBackend:
     def wrap(self, module, named_parameters, optimizer):
         ids = [self.device.index] if self.device.type == "cuda" else None
         # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
-        return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids), optimizer
+        ddp = torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
+        if self.fp16:  # DDP's counterpart of Horovod's fp16 compression
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return ddp, optimizer
 
     def beat(self):
         pass
