@@ -269,6 +269,8 @@ def main(argv=None):
         ctx.print0(f"initialised from {args.init_checkpoint} (its step {init['train_state']['step']})")
     if state.step >= settings.steps:
         return run.already_finished()
+    if run.stop_after_already_reached():
+        return
     data = bert_data.PretrainingData(settings.data, metadata, ctx.rank, ctx.size, settings.seed,
                                      settings.batch_size, settings.accumulation_steps, settings.mlm_probability)
     run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "

@@ -301,6 +301,8 @@ def main():
     run.start()
     if state.epoch >= settings.epochs:
         return run.already_finished()
+    if run.stop_after_already_reached():
+        return
     run.log.info(f"{settings.model} on {settings.dataset}: {len(train_set)} train / {len(val_set)} val images, "
                  f"{num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
                  f"{step_batch} = global batch {ctx.size * step_batch}; lr {settings.scaled_lr:g}; "

@@ -73,7 +73,8 @@ def test_corrupt_newest_checkpoint_is_renamed_and_the_previous_one_used(tmp_path
     newest = out / "step-000000030.pt"
     newest.write_bytes(newest.read_bytes()[:5000])  # a write cut short by a full disk
     run = ok(horovodrun(2, [*common, "--stop-after", "35"], timeout=180, transport=transport))
-    assert f"checkpoint {newest} is unreadable" in run.output, run.describe()
+    # Cut short after its checksum was recorded: the sha256 check names it first.
+    assert f"checkpoint {newest} is damaged: sha256" in run.output, run.describe()
     assert "resuming at epoch 0 batch 20 (step 20)" in run.output, run.describe()
     assert (out / "step-000000030.pt.corrupt").is_file()
     # Step 30 was trained and written again; pruning kept the two newest.
@@ -114,6 +115,20 @@ def test_relaunching_a_finished_run_changes_nothing(tmp_path):
     run = ok(horovodrun(2, common, timeout=180))
     assert "holds a finished run" in run.output and "results.json" in run.output, run.describe()
     assert before == {p.name: p.read_bytes() for p in [out / "results.json", out / "metrics.jsonl"]}
+
+
+def test_relaunch_past_stop_after_trains_nothing(tmp_path):
+    """A Slurm requeue reruns the same arguments: a run already stopped by --stop-after N
+    must not train step N+1 (measured before: results.json said 61 steps for --max-steps 60)."""
+    out = tmp_path / "out"
+    common = [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "2", "--stop-after", "5"]
+    ok(horovodrun(2, common, timeout=180))
+    before = (out / "results.json").read_bytes()
+    run = ok(horovodrun(2, common, timeout=180))
+    assert "is at step 5, already past --stop-after 5: nothing to do" in run.output, run.describe()
+    assert (out / "results.json").read_bytes() == before
+    assert json.loads(before)["steps"] == 5
+    assert [p.name for p in out.glob("step-*.pt")] == ["step-000000005.pt"]
 
 
 @pytest.mark.parametrize("stop_after", [44, 50], ids=["last step of an epoch", "mid-epoch"])

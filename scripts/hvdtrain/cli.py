@@ -5,6 +5,7 @@ its own; only the first rank prints, so a 64-rank job shows one line, not 64.
 """
 import argparse
 import os
+import signal
 import shlex
 import sys
 
@@ -43,7 +44,17 @@ def fail(message, prog=None, every_rank_fails=True):
     if launcher_rank() == 0 or not every_rank_fails:
         prog = prog or os.path.basename(sys.argv[0])
         print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    _ignore_termination_while_exiting()
     sys.exit(USAGE_ERROR_EXIT)
+
+
+def _ignore_termination_while_exiting():
+    """Keep status 2 while this rank tears down: when another rank exits 2 first,
+    `srun --kill-on-bad-exit` SIGTERMs this one, which would then report 143."""
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread: leave it
+        pass
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -185,6 +185,17 @@ class Run:
     def write_results(self, results):
         return self.log.results(results)
 
+    def stop_after_already_reached(self):
+        """True when this launch must not train: --stop-after STEP was reached by an earlier
+        launch (e.g. a requeue of a Slurm job that had already stopped there). Says so."""
+        stop_after = self.settings.stop_after
+        if not stop_after or self.state.step < stop_after:
+            return False
+        self.log.info(f"{self.settings.output_dir} is at step {self.state.step}, already past --stop-after "
+                      f"{stop_after}: nothing to do (drop --stop-after or raise it to train on)")
+        self.log.close()
+        return True
+
     def already_finished(self, results_name="results.json"):
         """Relaunching a finished run changes nothing; says where its results are."""
         self.log.info(f"{self.settings.output_dir} holds a finished run (step {self.state.step}); its "
