@@ -22,7 +22,6 @@ Every result file records the environment and the exact command.
 """
 import argparse
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -31,7 +30,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 import torch.nn as nn
 
@@ -316,18 +314,9 @@ def mpi_communicator():
 
 def start_torch_distributed(backend):
     """torch.distributed (Gloo) beside Horovod, on the same ranks."""
-    import socket
-    import horovod.torch as hvd
-    from hvdtrain import dist
-    address = None
-    if backend.rank == 0:
-        host = "127.0.0.1" if backend.local_size == backend.size else socket.gethostbyname(socket.gethostname())
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            address = f"{host}:{probe.getsockname()[1]}"
-    address = dist.broadcast_object(address, root_rank=0, name="bench.torch_rendezvous")
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://{address}", rank=hvd.rank(),
-                                         world_size=hvd.size())
+    address = bench.shared_rendezvous_address()
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://{address}", rank=backend.rank,
+                                         world_size=backend.size)
 
 
 def message_sizes(smallest, largest, factor):

@@ -142,6 +142,18 @@ def rendezvous_with_horovod():
     Rank, size and local size are kept in BENCH_* variables for the DDP run.
     """
     hvd.init()  # Horovod: only to learn ranks and share an address
+    address = shared_rendezvous_address()
+    os.environ.update(BENCH_RANK=str(hvd.rank()), BENCH_SIZE=str(hvd.size()),
+                      BENCH_LOCAL_SIZE=str(hvd.local_size()), BENCH_LOCAL_RANK=str(hvd.local_rank()))
+    hvd.shutdown()
+    return address
+
+
+def shared_rendezvous_address():
+    """A free host:port on rank 0 for torch.distributed, sent to every rank through Horovod.
+
+    MASTER_ADDR overrides the host (rank 0's own address otherwise; loopback on one node).
+    """
     address = None
     if hvd.rank() == 0:
         host = os.environ.get("MASTER_ADDR") or (
@@ -149,11 +161,7 @@ def rendezvous_with_horovod():
         with socket.socket() as probe:
             probe.bind((host, 0))
             address = f"{host}:{probe.getsockname()[1]}"
-    address = dist.broadcast_object(address, root_rank=0, name="bench.rendezvous")
-    os.environ.update(BENCH_RANK=str(hvd.rank()), BENCH_SIZE=str(hvd.size()),
-                      BENCH_LOCAL_SIZE=str(hvd.local_size()), BENCH_LOCAL_RANK=str(hvd.local_rank()))
-    hvd.shutdown()
-    return address
+    return dist.broadcast_object(address, root_rank=0, name="bench.rendezvous")  # Horovod
 
 
 class SingleBackend:
