@@ -2,10 +2,10 @@
 
 Pure Python (no Horovod, no MPI), used by scripts/prepare_bert_data.py.
 
-Randomness is keyed per document: the instances made from document ``d`` of
-input file ``f`` in duplication round ``k`` depend only on (seed, f, d, k), never
-on which rank makes them or in which order. That is what lets N ranks write the
-same examples (as a set) as one process does.
+Randomness is keyed per document: the instances made from document ``d`` (its
+index in the whole corpus) in duplication round ``k`` depend only on (seed, d, k)
+and the corpus, never on which rank makes them or in which order. That is what
+lets N ranks write the same shards as one process does.
 """
 import collections
 import hashlib
@@ -44,19 +44,21 @@ def input_files(paths):
 
 
 def read_documents(path):
-    """A text file as documents: blank lines separate documents, one sentence per line."""
-    documents, current = [], []
+    """A text file's documents, one at a time (a file may be larger than memory).
+
+    Blank lines separate documents; each line is a sentence (or paragraph).
+    """
+    current = []
     with open(path, encoding="utf-8", errors="replace") as handle:
         for line in handle:
             line = line.strip()
             if line:
                 current.append(line)
             elif current:
-                documents.append(current)
+                yield current
                 current = []
     if current:
-        documents.append(current)
-    return documents
+        yield current
 
 
 def default_corpus_documents():
@@ -207,14 +209,18 @@ def vocab_hash(tokenizer):
 
 
 def tokenize_documents(tokenizer, documents):
-    """Each document as a list of token-id lists (one per sentence); empty ones dropped."""
+    """Each document as a list of token-id lists (one per sentence); empty sentences dropped.
+
+    One Rust batch call for all sentences (``encode_batch_fast``: no offsets);
+    the result does not depend on the batch size or on TOKENIZERS_PARALLELISM.
+    """
     flat = [sentence for document in documents for sentence in document]
-    ids = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+    backend = tokenizer.backend_tokenizer
+    ids = [e.ids for e in backend.encode_batch_fast(flat, add_special_tokens=False)] if flat else []
     tokenized, position = [], 0
     for document in documents:
-        sentences = [s for s in ids[position:position + len(document)] if s]
+        tokenized.append([s for s in ids[position:position + len(document)] if s])
         position += len(document)
-        tokenized.append(sentences)
     return tokenized
 
 
@@ -247,19 +253,24 @@ class Instance:
     masked_ids: list = None
 
 
-def document_rng(seed, file_index, document_index, round_index):
-    """The random generator of one document in one duplication round (str seeds hash with sha512)."""
-    return random.Random(f"{seed}:{file_index}:{document_index}:{round_index}")
+def document_rng(seed, document_index, round_index):
+    """The random generator of one document (its index in the corpus) in one duplication round."""
+    return random.Random(f"{seed}:{document_index}:{round_index}")  # str seeds hash with sha512
 
 
-def instances_from_document(documents, index, max_seq_length, short_seq_prob, rng, ids):
+def other_document_index(index, count, rng):
+    """A document of the corpus other than ``index``, uniformly (Google's reference draws
+    from the whole corpus; unlike it, never the same document, so the label is true)."""
+    other = rng.randrange(count - 1)
+    return other + 1 if other >= index else other
+
+
+def instances_from_document(document, max_seq_length, short_seq_prob, rng, ids, random_document):
     """Google BERT's create_instances_from_document: NSP pairs from one document.
 
-    ``documents`` is the list of tokenized documents of this document's input
-    file: "random next" segments come from another document of the same file,
-    so the result does not depend on how files are split across ranks.
+    ``random_document(rng)`` returns another document of the corpus (a list of
+    token-id lists) for the "random next" segments.
     """
-    document = documents[index]
     max_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP]
     # Mostly fill the sequence; sometimes train on short ones to match fine-tuning inputs.
     target_length = rng.randint(2, max_tokens) if rng.random() < short_seq_prob else max_tokens
@@ -273,7 +284,7 @@ def instances_from_document(documents, index, max_seq_length, short_seq_prob, rn
             tokens_b, is_random_next = [], False
             if len(chunk) == 1 or rng.random() < 0.5:
                 is_random_next = True
-                tokens_b = _random_segment(documents, index, target_length - len(tokens_a), rng)
+                tokens_b = _random_segment(random_document(rng), target_length - len(tokens_a), rng)
                 i -= len(chunk) - a_end  # the unused segments go back into the pool
             else:
                 tokens_b = [t for segment in chunk[a_end:] for t in segment]
@@ -288,13 +299,8 @@ def instances_from_document(documents, index, max_seq_length, short_seq_prob, rn
     return instances
 
 
-def _random_segment(documents, index, target_length, rng):
-    other = index
-    for _ in range(10):  # Google's rule: a few tries to find a different document
-        other = rng.randint(0, len(documents) - 1)
-        if other != index:
-            break
-    document = documents[other]
+def _random_segment(document, target_length, rng):
+    """Consecutive sentences of ``document`` from a random start, about ``target_length`` tokens."""
     tokens = []
     for segment in document[rng.randint(0, len(document) - 1):]:
         tokens.extend(segment)
@@ -330,27 +336,33 @@ def mask_instance(instance, masked_lm_prob, max_predictions, rng, ids):
         # else: keep the original token
 
 
-def instances_to_arrays(instances, max_seq_length, max_predictions):
-    """Fixed-size arrays in the shard format (see bert_data.SHARD_FORMAT_DOC)."""
-    n = len(instances)
-    arrays = {
-        "input_ids": np.zeros((n, max_seq_length), dtype=np.int32),
-        "segment_ids": np.zeros((n, max_seq_length), dtype=np.int8),
-        "input_mask": np.zeros((n, max_seq_length), dtype=np.int8),
-        "next_sentence_labels": np.zeros((n,), dtype=np.int8),
-    }
-    static = n and instances[0].masked_positions is not None
+def record_dtype(max_seq_length, max_predictions, static):
+    """One instance as one fixed-size record: the shard format's row (bert_data.SHARD_FORMAT_DOC)."""
+    fields = [("input_ids", np.int32, (max_seq_length,)), ("segment_ids", np.int8, (max_seq_length,)),
+              ("input_mask", np.int8, (max_seq_length,)), ("next_sentence_labels", np.int8)]
     if static:
-        arrays["masked_lm_positions"] = np.zeros((n, max_predictions), dtype=np.int32)
-        arrays["masked_lm_ids"] = np.zeros((n, max_predictions), dtype=np.int32)
+        fields += [("masked_lm_positions", np.int32, (max_predictions,)),
+                   ("masked_lm_ids", np.int32, (max_predictions,))]
+    return np.dtype(fields)
+
+
+def instances_to_records(instances, dtype):
+    """Instances as a record array of ``dtype`` (see record_dtype), 0-padded."""
+    records = np.zeros(len(instances), dtype=dtype)
+    static = "masked_lm_ids" in dtype.names
     for row, instance in enumerate(instances):
-        length = len(instance.tokens)
-        arrays["input_ids"][row, :length] = instance.tokens
-        arrays["segment_ids"][row, :length] = instance.segment_ids
-        arrays["input_mask"][row, :length] = 1
-        arrays["next_sentence_labels"][row] = int(instance.is_random_next)
+        record, length = records[row], len(instance.tokens)
+        record["input_ids"][:length] = instance.tokens
+        record["segment_ids"][:length] = instance.segment_ids
+        record["input_mask"][:length] = 1
+        record["next_sentence_labels"] = int(instance.is_random_next)
         if static:
             count = len(instance.masked_positions)
-            arrays["masked_lm_positions"][row, :count] = instance.masked_positions
-            arrays["masked_lm_ids"][row, :count] = instance.masked_ids
-    return arrays
+            record["masked_lm_positions"][:count] = instance.masked_positions
+            record["masked_lm_ids"][:count] = instance.masked_ids
+    return records
+
+
+def records_to_arrays(records):
+    """Columns of a record array, by name (every column present even with 0 rows)."""
+    return {name: np.ascontiguousarray(records[name]) for name in records.dtype.names}
