@@ -280,9 +280,10 @@ def main(argv=None):
             state.next_epoch()
             continue
         if data.epoch != state.epoch:
-            with ctx.watchdog.phase("loading this rank's shards"):
+            with ctx.watchdog.phase("loading this rank's first shard of the epoch"):
                 # A damaged shard on one rank: one line and exit 2 on every rank.
-                dist.agree_on_errors(data.start_epoch, state.epoch)
+                # Later shards are read (and checked) as the epoch goes, one ahead.
+                dist.agree_on_errors(data.start_epoch, state.epoch, state.step_in_epoch)
         lr = scheduler.get_last_lr()[0]
         first_compiled = settings.compile and not tokens.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():

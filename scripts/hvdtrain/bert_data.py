@@ -2,16 +2,18 @@
 
 Pure (no Horovod): the trainer passes rank and size in.
 """
+import bisect
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .cli import UsageError
-from .sampling import assign_files
+from .sampling import assign_rows
 
 FORMAT_NAME = "hvdtrain-bert-shards"
 FORMAT_VERSION = 1
@@ -30,7 +32,10 @@ Shard format, version 1 (a directory written by scripts/prepare_bert_data.py):
                       shards listed without one are checked by value range only)
   tokenizer/          Hugging Face tokenizer (tokenizer.json, tokenizer_config.json)
                       and vocab.txt
-  shard-NNNNN.h5      HDF5, one row per instance (NVIDIA's dataset names):
+  shard-NNNNN.h5      HDF5, one row per instance (NVIDIA's dataset names); shards hold
+                      num_instances / num_shards instances, give or take one
+                      (since prepare_bert_data.py balances them; older ones may
+                      differ, and training accepts any sizes, 0 included):
       input_ids             int32 [n, max_seq_length]   [CLS] A [SEP] B [SEP], 0-padded
       segment_ids           int8  [n, max_seq_length]   0 for A, 1 for B
       input_mask            int8  [n, max_seq_length]   1 on real tokens
@@ -128,6 +133,8 @@ def check_shard(directory, entry, metadata):
     except Exception as error:  # h5py raises OSError, KeyError, ... for damaged files
         raise UsageError(f"corrupt shard {path}: {error.__class__.__name__}: {error}") from None
     missing = [name for name in names if name not in shapes]
+    if missing and metadata_rows(entry) == 0:
+        return  # an empty shard (older preparations wrote no masked-LM arrays there): nothing to read
     if missing:
         raise UsageError(f"corrupt shard {path}: missing {', '.join(missing)}")
     rows, length = metadata_rows(entry), metadata["max_seq_length"]
@@ -140,27 +147,22 @@ def metadata_rows(entry):
     return int(entry["instances"])
 
 
-def load_arrays(directory, files, names, metadata):
-    """Concatenate ``names`` from shard ``files`` (in that order) into memory, each checked.
+def load_rows(directory, entry, start, stop, names, metadata):
+    """Rows [start, stop) of ``names`` from one shard, checked; a dict of arrays.
 
     A damaged or foreign shard is named in a UsageError here, not met later as an
     IndexError (CPU) or a device-side assert that kills the CUDA context (GPU).
     """
     import h5py
-    entries = {entry["file"]: entry for entry in metadata["shards"]}
-    parts = {name: [] for name in names}
-    for file in files:
-        path = Path(directory) / file
-        verify_checksum(path, entries[file])
-        try:
-            with h5py.File(path, "r") as handle:
-                arrays = {name: handle[name][...] for name in names}
-        except Exception as error:
-            raise UsageError(f"corrupt shard {path}: {error.__class__.__name__}: {error}") from None
-        check_values(path, arrays, metadata)
-        for name in names:
-            parts[name].append(arrays[name])
-    return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+    path = Path(directory) / entry["file"]
+    verify_checksum(path, entry)
+    try:
+        with h5py.File(path, "r") as handle:
+            arrays = {name: handle[name][start:stop] for name in names}
+    except Exception as error:
+        raise UsageError(f"corrupt shard {path}: {error.__class__.__name__}: {error}") from None
+    check_values(path, arrays, metadata)
+    return arrays
 
 
 def check_values(path, arrays, metadata):
@@ -177,14 +179,21 @@ def check_values(path, arrays, metadata):
 # ----------------------------------------------------------------------------- training data
 
 class PretrainingData:
-    """This rank's examples, epoch by epoch, in a resumable order.
+    """This rank's examples, epoch by epoch, read shard by shard, in a resumable order.
 
-    Files are assigned the NVIDIA way (``assign_files``: shuffled by seed+epoch,
-    rank r takes files r, r+size, ...; strided samples with fewer files than
-    ranks). Every rank computes every rank's sample count from the metadata, so
-    all ranks agree on the number of steps in an epoch without talking.
-    Micro-batch ``(epoch, step, micro)`` is a pure function of those numbers and
-    the seed, which makes resuming exact.
+    Each epoch the shards are shuffled by seed+epoch and laid end to end; rank r
+    takes the r-th of ``size`` equal slices (``assign_rows``), so every instance
+    belongs to exactly one rank. All ranks take the same number of steps,
+    computed from the metadata without talking: the smallest share
+    (num_instances // size) divided by the global batch. The remainder (fewer
+    than size x (batch x accumulation + 1) instances) waits for a later epoch:
+    the shard order and the orders inside the pieces change every epoch.
+
+    A rank reads its pieces (a shard, or part of one where a slice boundary
+    cuts it) one at a time, in order, shuffled inside the piece, with the next
+    one read in a background thread: memory holds about two shards, not the
+    epoch. Micro-batch ``(epoch, step, micro)`` is a pure function of those
+    numbers, the seed, rank and size, which makes resuming exact.
     """
 
     def __init__(self, directory, metadata, rank, size, seed, micro_batch, accumulation,
@@ -196,40 +205,65 @@ class PretrainingData:
         self.mlm_probability = mlm_probability
         self.static = metadata["masking"] == "static"
         self.special = metadata["special_ids"]
-        self.files = [entry["file"] for entry in metadata["shards"]]
-        self.rows = {entry["file"]: metadata_rows(entry) for entry in metadata["shards"]}
-        self.epoch, self.arrays, self.order = None, None, None
-        self._steps = {}
-
-    def rank_samples(self, rank, epoch):
-        files, stride = assign_files(self.files, rank, self.size, self.seed, epoch)
-        total = sum(self.rows[f] for f in files)
-        return len(range(rank, total, stride)) if stride > 1 else total
+        self.entries = metadata["shards"]
+        self.names = ARRAYS + (STATIC_ARRAYS if self.static else ())
+        self.epoch, self.pieces, self.ends = None, None, None
+        self.loaded, self.prefetched = {}, None
+        self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
 
     def steps_in_epoch(self, epoch):
-        """Optimizer steps every rank can take in ``epoch`` (the smallest rank decides)."""
-        if epoch not in self._steps:
-            fewest = min(self.rank_samples(r, epoch) for r in range(self.size))
-            self._steps[epoch] = fewest // (self.micro_batch * self.accumulation)
-        return self._steps[epoch]
+        """Optimizer steps every rank takes in an epoch (the smallest share decides)."""
+        total = sum(metadata_rows(entry) for entry in self.entries)
+        return total // self.size // (self.micro_batch * self.accumulation)
 
-    def start_epoch(self, epoch):
-        files, stride = assign_files(self.files, self.rank, self.size, self.seed, epoch)
-        names = ("input_ids", "segment_ids", "input_mask", "next_sentence_labels")
-        if self.static:
-            names += ("masked_lm_positions", "masked_lm_ids")
-        arrays = load_arrays(self.directory, files, names, self.metadata)
-        if stride > 1:
-            arrays = {k: v[self.rank::stride] for k, v in arrays.items()}
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch * 1_009 + self.rank)
-        self.order = torch.randperm(len(arrays["input_ids"]), generator=generator).numpy()
-        self.epoch, self.arrays = epoch, arrays
+    def start_epoch(self, epoch, step=0):
+        """Plan ``epoch`` and read the piece that optimizer step ``step`` starts in.
+
+        Reading it here lets the caller agree on a damaged shard across ranks.
+        """
+        sizes = [metadata_rows(entry) for entry in self.entries]
+        self.pieces = assign_rows(sizes, self.rank, self.size, self.seed, epoch)
+        self.ends = np.cumsum([stop - start for _, start, stop in self.pieces]).tolist()
+        self.epoch, self.loaded, self.prefetched = epoch, {}, None
+        self._piece(self._piece_at(step * self.accumulation * self.micro_batch))
+
+    def _piece_at(self, position):
+        return bisect.bisect_right(self.ends, position)
+
+    def _read(self, index):
+        """Piece ``index``: its arrays and its shuffled row order (seeded per epoch, rank, piece)."""
+        shard, start, stop = self.pieces[index]
+        arrays = load_rows(self.directory, self.entries[shard], start, stop, self.names, self.metadata)
+        order = np.random.default_rng([self.seed, self.epoch, self.rank, index]).permutation(stop - start)
+        return arrays, order
+
+    def _piece(self, index):
+        """Piece ``index``, read now or by the prefetch; starts reading the next one."""
+        if index not in self.loaded:
+            waiting, self.prefetched = self.prefetched, None
+            if waiting is not None and waiting[0] == index:
+                self.loaded = {index: waiting[1].result()}
+            else:
+                self.loaded = {index: self._read(index)}
+            if index + 1 < len(self.pieces):
+                self.prefetched = (index + 1, self.reader.submit(self._read, index + 1))
+        return self.loaded[index]
+
+    def _rows(self, position, count):
+        """``count`` rows of this rank's epoch stream from ``position``, across pieces."""
+        parts = []
+        while count:
+            index = self._piece_at(position)
+            arrays, order = self._piece(index)
+            offset = position - (self.ends[index - 1] if index else 0)
+            rows = order[offset:offset + count]
+            parts.append({name: array[rows] for name, array in arrays.items()})
+            position, count = position + len(rows), count - len(rows)
+        return {name: np.concatenate([part[name] for part in parts]) for name in self.names}
 
     def batch(self, step, micro):
         """Micro-batch ``micro`` of optimizer step ``step`` (counted within the epoch)."""
-        start = (step * self.accumulation + micro) * self.micro_batch
-        rows = np.sort(self.order[start:start + self.micro_batch])
-        pick = {name: array[rows] for name, array in self.arrays.items()}
+        pick = self._rows((step * self.accumulation + micro) * self.micro_batch, self.micro_batch)
         if self.static:
             labels = static_labels(pick)
         else:
