@@ -1,6 +1,7 @@
 """BERT data pieces in-process: instances, masking, the shard format, per-rank data."""
 import collections
 import json
+import random
 
 import numpy as np
 import pytest
@@ -19,8 +20,8 @@ def fake_documents(count=12, sentences=9, seed=0):
 
 
 def from_document(documents, index, max_seq_length, rng):
-    other = lambda rng: documents[corpus.other_document_index(index, len(documents), rng)]  # noqa: E731
-    return corpus.instances_from_document(documents[index], max_seq_length, 0.1, rng, IDS, other)
+    segment = lambda rng, length: corpus.segment_from(documents, index, rng, length)  # noqa: E731
+    return corpus.instances_from_document(documents[index], max_seq_length, 0.1, rng, IDS, segment)
 
 
 def make_instances(max_seq_length=32, documents=None, masked=False):
@@ -185,6 +186,9 @@ def test_random_next_segments_come_from_other_documents_of_the_whole_corpus(tmp_
         writer.close()
     store = prepare.TokenStore(tmp_path, [2, 4], dtype)
     assert [store.document(d) for d in range(6)] == documents
+    for target in (1, 6, 7, 30, 100):  # reading from the store == taking from memory
+        assert (store.random_segment(2, random.Random(target), target)
+                == corpus.segment_from(documents, 2, random.Random(target), target))
     options = type("Options", (), dict(dupe_factor=3, seed=1, max_seq_length=32, short_seq_prob=0.1,
                                        masking="dynamic"))
     parts = prepare.ShardParts(tmp_path, 0, 1, corpus.record_dtype(32, 5, static=False))

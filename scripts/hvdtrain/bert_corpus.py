@@ -265,11 +265,11 @@ def other_document_index(index, count, rng):
     return other + 1 if other >= index else other
 
 
-def instances_from_document(document, max_seq_length, short_seq_prob, rng, ids, random_document):
+def instances_from_document(document, max_seq_length, short_seq_prob, rng, ids, random_segment):
     """Google BERT's create_instances_from_document: NSP pairs from one document.
 
-    ``random_document(rng)`` returns another document of the corpus (a list of
-    token-id lists) for the "random next" segments.
+    ``random_segment(rng, target_length)`` returns the tokens of a "random next"
+    segment from another document of the corpus (see ``segment_from``).
     """
     max_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP]
     # Mostly fill the sequence; sometimes train on short ones to match fine-tuning inputs.
@@ -284,7 +284,7 @@ def instances_from_document(document, max_seq_length, short_seq_prob, rng, ids, 
             tokens_b, is_random_next = [], False
             if len(chunk) == 1 or rng.random() < 0.5:
                 is_random_next = True
-                tokens_b = _random_segment(random_document(rng), target_length - len(tokens_a), rng)
+                tokens_b = random_segment(rng, target_length - len(tokens_a))
                 i -= len(chunk) - a_end  # the unused segments go back into the pool
             else:
                 tokens_b = [t for segment in chunk[a_end:] for t in segment]
@@ -299,10 +299,16 @@ def instances_from_document(document, max_seq_length, short_seq_prob, rng, ids, 
     return instances
 
 
-def _random_segment(document, target_length, rng):
-    """Consecutive sentences of ``document`` from a random start, about ``target_length`` tokens."""
+def segment_from(documents, index, rng, target_length):
+    """A random segment from a document of ``documents`` (in memory) other than ``index``."""
+    document = documents[other_document_index(index, len(documents), rng)]
+    return sentences_from(document, rng.randint(0, len(document) - 1), target_length)
+
+
+def sentences_from(document, start, target_length):
+    """Consecutive sentences of ``document`` from ``start`` until ``target_length`` tokens."""
     tokens = []
-    for segment in document[rng.randint(0, len(document) - 1):]:
+    for segment in document[start:]:
         tokens.extend(segment)
         if len(tokens) >= target_length:
             break
@@ -310,13 +316,25 @@ def _random_segment(document, target_length, rng):
 
 
 def _truncate_pair(tokens_a, tokens_b, max_tokens, rng):
-    """Trim the longer segment, from the front or the back at random, until both fit."""
-    while len(tokens_a) + len(tokens_b) > max_tokens:
-        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-        if rng.random() < 0.5:
-            del longer[0]
-        else:
-            longer.pop()
+    """Trim the longer segment until both fit, each token from the front or the back at random.
+
+    Google's reference pops one token at a time from the longer segment (B on a
+    tie) with a coin flip each; the same lengths in closed form, and the same
+    front/back distribution with one draw per segment (a sum of fair bits).
+    """
+    excess = len(tokens_a) + len(tokens_b) - max_tokens
+    if excess <= 0:
+        return
+    if excess <= abs(len(tokens_a) - len(tokens_b)):  # only the longer one shrinks
+        keep = ((len(tokens_a) - excess, len(tokens_b)) if len(tokens_a) > len(tokens_b)
+                else (len(tokens_a), len(tokens_b) - excess))
+    else:  # both shrink to about half, A keeping the odd token
+        keep = ((max_tokens + 1) // 2, max_tokens // 2)
+    for tokens, length in ((tokens_a, keep[0]), (tokens_b, keep[1])):
+        cut = len(tokens) - length
+        if cut:
+            front = bin(rng.getrandbits(cut)).count("1")
+            tokens[:] = tokens[front:front + length]
 
 
 def mask_instance(instance, masked_lm_prob, max_predictions, rng, ids):

@@ -125,17 +125,31 @@ class TokenStore:
         ends = np.frombuffer(os.pread(fd, (last - start) * itemsize, start * itemsize), np.int64)
         return np.concatenate([[0], ends]) if first < 0 else ends
 
-    def document(self, index):
-        """Document ``index`` as a list of token-id lists."""
+    def _sentences(self, index):
+        """(rank's files, first and last sentence) of document ``index``."""
         rank = bisect.bisect_right(self.starts, index) - 1
         fds, local = self.fds[rank], index - self.starts[rank]
-        first_sentence, last_sentence = self._ends(fds["documents"], local - 1, local + 1)
-        ends = self._ends(fds["sentences"], first_sentence - 1, last_sentence)
-        size = self.dtype.itemsize
-        raw = os.pread(fds["tokens"], int(ends[-1] - ends[0]) * size, int(ends[0]) * size)
-        tokens = np.frombuffer(raw, self.dtype).tolist()
-        bounds = (ends - ends[0]).tolist()
-        return [tokens[a:b] for a, b in zip(bounds, bounds[1:])]
+        first, last = self._ends(fds["documents"], local - 1, local + 1)
+        return fds, int(first), int(last)
+
+    def _tokens(self, fds, first, last):
+        return np.frombuffer(os.pread(fds["tokens"], (last - first) * self.dtype.itemsize,
+                                      first * self.dtype.itemsize), self.dtype).tolist()
+
+    def document(self, index):
+        """Document ``index`` as a list of token-id lists."""
+        fds, first, last = self._sentences(index)
+        ends = self._ends(fds["sentences"], first - 1, last).tolist()
+        tokens = self._tokens(fds, ends[0], ends[-1])
+        return [tokens[a - ends[0]:b - ends[0]] for a, b in zip(ends, ends[1:])]
+
+    def random_segment(self, index, rng, target_length):
+        """bert_corpus.segment_from, reading only the sentences it takes."""
+        fds, first, last = self._sentences(corpus.other_document_index(index, self.count, rng))
+        start = first + rng.randint(0, last - first - 1)
+        ends = self._ends(fds["sentences"], start - 1, last)
+        taken = min(int(np.searchsorted(ends[1:] - ends[0], target_length)) + 1, len(ends) - 1)
+        return self._tokens(fds, int(ends[0]), int(ends[taken]))
 
     def close(self):
         for fds in self.fds:
@@ -184,7 +198,7 @@ def make_instances(store, documents, options, ids, parts):
             rng = corpus.document_rng(options.seed, index, round_index)
             made = corpus.instances_from_document(
                 document, options.max_seq_length, options.short_seq_prob, rng, ids,
-                lambda rng: store.document(corpus.other_document_index(index, store.count, rng)))
+                lambda rng, length: store.random_segment(index, rng, length))
             if options.masking == "static":
                 for instance in made:
                     corpus.mask_instance(instance, options.masked_lm_prob, options.max_predictions_per_seq,
