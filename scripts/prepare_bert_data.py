@@ -72,6 +72,9 @@ def parse_args(argv=None):
                         help="passes over the corpus, each with different pairs (and masks)")
     parser.add_argument("--num-shards", type=positive_int, default=8,
                         help="output files; at least as many as ranks that will train on them")
+    parser.add_argument("--bin-size", type=non_negative_int, default=0,
+                        help="group each shard's rows by length in bins of this many tokens (NVIDIA LDDL: 64 "
+                             "for phase 2) so pretrain_bert.py pads only to the bin's length; 0: off")
     parser.add_argument("--seed", type=non_negative_int, default=12345)
     args = parser.parse_args(argv)
     if args.max_seq_length < 8:
@@ -174,9 +177,11 @@ def write_my_shards(args, world, scratch, made):
     written = []
     for shard in range(world.rank, args.num_shards, world.size):
         records = prepare.shard_records(scratch, shard, offsets, args.num_shards, record_dtype(args), args.seed)
-        name = bert_data.shard_name(shard)
-        digest = bert_data.write_shard(args.output_dir / name, corpus.records_to_arrays(records))
-        written.append({"file": name, "instances": len(records), "sha256": digest})
+        entry = {"file": bert_data.shard_name(shard), "instances": len(records)}
+        if args.bin_size:
+            records, entry["bins"] = prepare.sort_by_bin(records, args.bin_size, args.max_seq_length)
+        entry["sha256"] = bert_data.write_shard(args.output_dir / entry["file"], corpus.records_to_arrays(records))
+        written.append(entry)
     return written
 
 
@@ -213,6 +218,7 @@ def metadata(args, files, tokenizer, shards, world):
         "short_seq_prob": args.short_seq_prob,
         "dupe_factor": args.dupe_factor,
         "seed": args.seed,
+        **({"bin_size": args.bin_size} if args.bin_size else {}),
         "num_instances": sum(shard["instances"] for shard in shards),
         "shards": sorted(shards, key=lambda shard: shard["file"]),
         "source": corpus.DEFAULT_CORPUS if files is None else [str(f) for f in files],

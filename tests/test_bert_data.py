@@ -210,6 +210,40 @@ def test_preparation_splits_work_into_contiguous_balanced_ranges():
     assert prepare.contiguous_ranges([5], 3) == [(0, 0), (0, 1), (1, 1)]  # fewer files than ranks
 
 
+def test_length_bins_give_every_rank_the_same_bin_at_each_step(tmp_path):
+    rng = np.random.default_rng(0)
+    shards, dtype = [], corpus.record_dtype(32, 3, static=True)
+    for index, rows in enumerate([40, 39, 40]):
+        lengths = rng.integers(5, 33, rows)  # row r of shard s: [CLS] s r ... [SEP], `length` tokens
+        instances = [corpus.Instance(tokens=[2, index + 5, row + 5] + [9] * (n - 4) + [3],
+                                     segment_ids=[0] * n, is_random_next=False, masked_positions=[], masked_ids=[])
+                     for row, n in enumerate(lengths)]
+        records, bins = prepare.sort_by_bin(corpus.instances_to_records(instances, dtype), 8, 32)
+        name = bert_data.shard_name(index)
+        bert_data.write_shard(tmp_path / name, corpus.records_to_arrays(records))
+        shards.append({"file": name, "instances": rows, "bins": bins})
+    metadata = {"vocab_size": 1000, "special_ids": IDS.__dict__, "max_seq_length": 32, "masking": "static",
+                "bin_size": 8, "num_instances": 119, "shards": shards}
+    ranks = [bert_data.PretrainingData(tmp_path, metadata, r, 2, seed=3, micro_batch=4, accumulation=1,
+                                       binned=True) for r in range(2)]
+    steps = ranks[0].steps_in_epoch(0)
+    assert 4 * 2 * steps <= 119 and steps >= 12
+    seen = []
+    for data in ranks:
+        data.start_epoch(0)
+    for step in range(steps):
+        batches = [data.batch(step, 0) for data in ranks]
+        widths = {batch["input_ids"].shape[1] for batch in batches}
+        assert len(widths) == 1, widths  # every rank draws from the same bin
+        width = widths.pop()
+        for batch in batches:
+            lengths = batch["attention_mask"].sum(1)
+            assert ((lengths > width - 8) & (lengths <= width)).all()
+            seen.extend((int(row[1]), int(row[2])) for row in batch["input_ids"])
+    assert len(seen) == len(set(seen)) == 8 * steps
+    assert len({data.schedule[0][0] for data in ranks}) == 1
+
+
 def test_bad_shard_directories_are_named(tmp_path):
     with pytest.raises(UsageError, match="not found"):
         bert_data.read_metadata(tmp_path / "absent")

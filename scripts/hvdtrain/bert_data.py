@@ -30,6 +30,9 @@ Shard format, version 1 (a directory written by scripts/prepare_bert_data.py):
                       shards: [{"file", "instances", "sha256"}], source, world_size
                       (sha256 of each shard file, checked whenever it is loaded;
                       shards listed without one are checked by value range only)
+                      with --bin-size: bin_size, and each shard's "bins": rows per
+                      length bin (bin b: lengths in (b*bin_size, (b+1)*bin_size]),
+                      the shard's rows being grouped by bin in that order
   tokenizer/          Hugging Face tokenizer (tokenizer.json, tokenizer_config.json)
                       and vocab.txt
   shard-NNNNN.h5      HDF5, one row per instance (NVIDIA's dataset names); shards hold
@@ -180,6 +183,53 @@ def check_values(path, arrays, metadata):
 
 # ----------------------------------------------------------------------------- training data
 
+class ShardStream:
+    """One rank's rows of an epoch, read piece by piece: [(shard entry, start, stop)].
+
+    Pieces are read in order, each shuffled (seeded by ``key`` and its index),
+    the next one read ahead by ``reader`` (a one-thread executor): memory holds
+    about two pieces. ``rows(position, count)`` is a pure function of the
+    pieces, the key and the position, so a resumed run reads the same rows.
+    """
+
+    def __init__(self, pieces, key, load, reader):
+        self.pieces, self.key, self.load, self.reader = pieces, key, load, reader
+        self.ends = np.cumsum([stop - start for _, start, stop in pieces]).tolist()
+        self.loaded, self.prefetched = {}, None
+
+    def _read(self, index):
+        entry, start, stop = self.pieces[index]
+        order = np.random.default_rng([*self.key, index]).permutation(stop - start)
+        return self.load(entry, start, stop), order
+
+    def piece(self, index):
+        """Piece ``index``, read now or by the prefetch; starts reading the next one."""
+        if index not in self.loaded:
+            waiting, self.prefetched = self.prefetched, None
+            if waiting is not None and waiting[0] == index:
+                self.loaded = {index: waiting[1].result()}
+            else:
+                self.loaded = {index: self._read(index)}
+            if index + 1 < len(self.pieces):
+                self.prefetched = (index + 1, self.reader.submit(self._read, index + 1))
+        return self.loaded[index]
+
+    def piece_at(self, position):
+        return bisect.bisect_right(self.ends, position)
+
+    def rows(self, position, count):
+        """``count`` rows from ``position`` on, across pieces: a list of dicts of arrays."""
+        parts = []
+        while count:
+            index = self.piece_at(position)
+            arrays, order = self.piece(index)
+            offset = position - (self.ends[index - 1] if index else 0)
+            rows = order[offset:offset + count]
+            parts.append({name: array[rows] for name, array in arrays.items()})
+            position, count = position + len(rows), count - len(rows)
+        return parts
+
+
 class PretrainingData:
     """This rank's examples, epoch by epoch, read shard by shard, in a resumable order.
 
@@ -192,14 +242,19 @@ class PretrainingData:
     the shard order and the orders inside the pieces change every epoch.
 
     A rank reads its pieces (a shard, or part of one where a slice boundary
-    cuts it) one at a time, in order, shuffled inside the piece, with the next
-    one read in a background thread: memory holds about two shards, not the
-    epoch. Micro-batch ``(epoch, step, micro)`` is a pure function of those
+    cuts it) one at a time (``ShardStream``): memory holds about two shards, not
+    the epoch. Micro-batch ``(epoch, step, micro)`` is a pure function of those
     numbers, the seed, rank and size, which makes resuming exact.
+
+    Sequence-length binning (``binned``, shards prepared with --bin-size): the
+    same, bin by bin (each shard holds its rows sorted by bin, counts in the
+    metadata); every step draws from one bin, the same on every rank (a
+    seeded schedule of the bins' steps), and is cut to the bin's longest
+    length, so short sequences are not padded to max_seq_length.
     """
 
     def __init__(self, directory, metadata, rank, size, seed, micro_batch, accumulation,
-                 mlm_probability=0.15):
+                 mlm_probability=0.15, binned=False):
         self.directory = Path(directory)
         self.metadata = metadata
         self.rank, self.size, self.seed = rank, size, seed
@@ -209,63 +264,61 @@ class PretrainingData:
         self.special = metadata["special_ids"]
         self.entries = metadata["shards"]
         self.names = ARRAYS + (STATIC_ARRAYS if self.static else ())
-        self.epoch, self.pieces, self.ends = None, None, None
-        self.loaded, self.prefetched = {}, None
+        self.bin_size = metadata.get("bin_size") if binned else None
+        self.bins = self._bins()
+        self.epoch, self.streams, self.schedule = None, None, None
         self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
+
+    def _bins(self):
+        """Per bin: ([rows of that bin in each shard], first row of the bin in each shard, length)."""
+        if not self.bin_size:
+            return [([metadata_rows(e) for e in self.entries], [0] * len(self.entries),
+                     self.metadata["max_seq_length"])]
+        counts = np.array([e["bins"] for e in self.entries], dtype=np.int64).reshape(len(self.entries), -1)
+        firsts = np.cumsum(counts, axis=1) - counts
+        return [(counts[:, b].tolist(), firsts[:, b].tolist(),
+                 min(self.metadata["max_seq_length"], (b + 1) * self.bin_size)) for b in range(counts.shape[1])]
+
+    def _bin_steps(self):
+        return [sum(sizes) // self.size // (self.micro_batch * self.accumulation) for sizes, _, _ in self.bins]
 
     def steps_in_epoch(self, epoch):
         """Optimizer steps every rank takes in an epoch (the smallest share decides)."""
-        total = sum(metadata_rows(entry) for entry in self.entries)
-        return total // self.size // (self.micro_batch * self.accumulation)
+        return sum(self._bin_steps())
 
     def start_epoch(self, epoch, step=0):
         """Plan ``epoch`` and read the piece that optimizer step ``step`` starts in.
 
         Reading it here lets the caller agree on a damaged shard across ranks.
         """
-        sizes = [metadata_rows(entry) for entry in self.entries]
-        self.pieces = assign_rows(sizes, self.rank, self.size, self.seed, epoch)
-        self.ends = np.cumsum([stop - start for _, start, stop in self.pieces]).tolist()
-        self.epoch, self.loaded, self.prefetched = epoch, {}, None
-        self._piece(self._piece_at(step * self.accumulation * self.micro_batch))
+        self.epoch, self.streams = epoch, []
+        for b, (sizes, firsts, _) in enumerate(self.bins):
+            pieces = [(self.entries[shard], firsts[shard] + start, firsts[shard] + stop)
+                      for shard, start, stop in assign_rows(sizes, self.rank, self.size, self.seed, epoch)]
+            self.streams.append(ShardStream(pieces, (self.seed, epoch, self.rank, b), self._load, self.reader))
+        # Step -> (bin, step within the bin): a seeded shuffle of every bin's steps, the same on every rank.
+        bins = np.repeat(np.arange(len(self.bins)), self._bin_steps())
+        bins = bins[np.random.default_rng([self.seed, epoch]).permutation(len(bins))]
+        within = np.zeros(len(bins), dtype=np.int64)
+        for b in range(len(self.bins)):
+            within[bins == b] = np.arange(int((bins == b).sum()))
+        self.schedule = list(zip(bins.tolist(), within.tolist()))
+        if step < len(self.schedule):
+            b, k = self.schedule[step]
+            stream = self.streams[b]
+            stream.piece(stream.piece_at(k * self.accumulation * self.micro_batch))
 
-    def _piece_at(self, position):
-        return bisect.bisect_right(self.ends, position)
-
-    def _read(self, index):
-        """Piece ``index``: its arrays and its shuffled row order (seeded per epoch, rank, piece)."""
-        shard, start, stop = self.pieces[index]
-        arrays = load_rows(self.directory, self.entries[shard], start, stop, self.names, self.metadata)
-        order = np.random.default_rng([self.seed, self.epoch, self.rank, index]).permutation(stop - start)
-        return arrays, order
-
-    def _piece(self, index):
-        """Piece ``index``, read now or by the prefetch; starts reading the next one."""
-        if index not in self.loaded:
-            waiting, self.prefetched = self.prefetched, None
-            if waiting is not None and waiting[0] == index:
-                self.loaded = {index: waiting[1].result()}
-            else:
-                self.loaded = {index: self._read(index)}
-            if index + 1 < len(self.pieces):
-                self.prefetched = (index + 1, self.reader.submit(self._read, index + 1))
-        return self.loaded[index]
-
-    def _rows(self, position, count):
-        """``count`` rows of this rank's epoch stream from ``position``, across pieces."""
-        parts = []
-        while count:
-            index = self._piece_at(position)
-            arrays, order = self._piece(index)
-            offset = position - (self.ends[index - 1] if index else 0)
-            rows = order[offset:offset + count]
-            parts.append({name: array[rows] for name, array in arrays.items()})
-            position, count = position + len(rows), count - len(rows)
-        return {name: np.concatenate([part[name] for part in parts]) for name in self.names}
+    def _load(self, entry, start, stop):
+        return load_rows(self.directory, entry, start, stop, self.names, self.metadata)
 
     def batch(self, step, micro):
         """Micro-batch ``micro`` of optimizer step ``step`` (counted within the epoch)."""
-        pick = self._rows((step * self.accumulation + micro) * self.micro_batch, self.micro_batch)
+        b, k = self.schedule[step]
+        parts = self.streams[b].rows((k * self.accumulation + micro) * self.micro_batch, self.micro_batch)
+        pick = {name: np.concatenate([part[name] for part in parts]) for name in self.names}
+        length = self.bins[b][2]
+        for name in ("input_ids", "segment_ids", "input_mask"):  # a bin's sequences fit its length
+            pick[name] = pick[name][:, :length]
         if self.static:
             labels = static_labels(pick)
         else:

@@ -222,3 +222,13 @@ def shard_records(scratch, shard, offsets, shards, dtype, seed):
             pieces.append(np.fromfile(path, dtype=dtype))
     records = np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype)
     return records[np.random.default_rng([seed, shard]).permutation(len(records))]
+
+
+def sort_by_bin(records, bin_size, max_seq_length):
+    """Rows grouped by length bin (NVIDIA LDDL's binning), shuffled order kept inside a bin.
+
+    Bin b holds lengths in (b*bin_size, (b+1)*bin_size]. Returns (records, rows per bin).
+    """
+    bins = (records["input_mask"].sum(axis=1, dtype=np.int64) - 1) // bin_size
+    order = np.argsort(bins, kind="stable")
+    return records[order], np.bincount(bins, minlength=-(-max_seq_length // bin_size)).tolist()
