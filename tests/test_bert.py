@@ -152,9 +152,10 @@ def test_resume_is_bit_exact(small_static_data, tmp_path):
 def test_phase2_starts_from_phase1_weights_with_longer_sequences(pretrained, data_dir, tmp_path):
     phase1, _ = pretrained
     ok(python([PREPARE, "--output-dir", tmp_path / "data128", "--max-seq-length", "128", "--vocab",
-               data_dir / "tokenizer", "--dupe-factor", "1", "--num-shards", "2"], timeout=120))
+               data_dir / "tokenizer", "--dupe-factor", "1", "--num-shards", "2", "--bin-size", "32"], timeout=120))
     meta = json.loads((tmp_path / "data128" / "metadata.json").read_text())
     assert meta["vocab_sha256"] == json.loads((data_dir / "metadata.json").read_text())["vocab_sha256"]
+    assert [len(shard["bins"]) for shard in meta["shards"]] == [4, 4]  # phase 2 trains length-binned
     run = ok(horovodrun(2, [PRETRAIN, "--data", tmp_path / "data128", "--init-checkpoint", phase1,
                             "--max-seq-length", "128", "--batch-size", "8", "--steps", "3", "--log-every", "1",
                             "--output-dir", tmp_path / "phase2"], timeout=180))
@@ -243,6 +244,9 @@ def test_bad_inputs_single_process(data_dir, tmp_path):
         one_line_error(python([PRETRAIN, *args, *base], timeout=120), *fragments)
     one_line_error(python([PREPARE, "--input", tmp_path / "nothing.txt", "--output-dir", tmp_path / "d"],
                           timeout=60), "input not found")
+    (tmp_path / "one.txt").write_text("A single document.\nWith two sentences.\n")
+    one_line_error(python([PREPARE, "--input", tmp_path / "one.txt", "--vocab", data_dir / "tokenizer",
+                           "--output-dir", tmp_path / "d"], timeout=60), "1 non-empty document", "at least 2")
 
 
 def test_nvlamb_without_lamb_is_a_one_line_error(tmp_path):
