@@ -143,6 +143,9 @@ def check_shard(directory, entry, metadata):
     if missing:
         raise UsageError(f"corrupt shard {path}: missing {', '.join(missing)}")
     rows, length = metadata_rows(entry), metadata["max_seq_length"]
+    if "bins" in entry and sum(entry["bins"]) != rows:
+        raise UsageError(f"{METADATA} of {directory}: the length bins of {entry['file']} count "
+                         f"{sum(entry['bins'])} rows, not its {rows} instances")
     if shapes["input_ids"] != (rows, length):
         raise UsageError(f"shard {path} holds input_ids of shape {shapes['input_ids']}, "
                          f"but {METADATA} says ({rows}, {length})")
