@@ -155,6 +155,20 @@ def test_two_ranks_see_every_instance_once_per_epoch(tmp_path):
     assert epoch_rows(metadata, tmp_path, size=2, epoch=1, first_step=1)[0] == orders[1][5:]
 
 
+def test_a_rank_holds_one_shard_and_reads_the_next_ahead(tmp_path):
+    """Issue 9: every shard of the epoch used to be loaded at its start."""
+    metadata = write_dataset(tmp_path, [5] * 6, masking="static")
+    data = bert_data.PretrainingData(tmp_path, metadata, 0, 1, seed=5, micro_batch=5, accumulation=1)
+    data.start_epoch(0)
+    stream = data.streams[0]
+    assert set(stream.loaded) == {0} and stream.prefetched[0] == 1
+    shards = [int(data.batch(step, 0)["input_ids"][0, 1]) - 5 for step in range(3)]
+    assert set(stream.loaded) == {2} and stream.prefetched[0] == 3
+    assert len(set(shards)) == 3  # a batch of 5 is one whole shard here: pieces follow each other
+    data.start_epoch(0, step=4)  # a resume mid-epoch reads only the piece it needs
+    assert set(data.streams[0].loaded) == {4}
+
+
 def test_the_remainder_is_left_to_later_epochs_never_repeated(tmp_path):
     metadata = write_dataset(tmp_path, [9, 8, 0, 9], masking="static")  # 26 rows, an empty shard
     for epoch in range(2):
