@@ -8,7 +8,6 @@ import threading
 import time
 from pathlib import Path
 
-import h5py
 import pytest
 import torch
 

@@ -1,6 +1,5 @@
 """BERT data pieces in-process: instances, masking, the shard format, per-rank data."""
 import collections
-import json
 import random
 
 import numpy as np
