@@ -9,21 +9,25 @@ Input: text files (or directories of *.txt) with one sentence or paragraph per
 line and a blank line between documents. Without --input: the English
 documentation that ships with CPython (pydoc_data.topics, ~465k characters).
 
-Under mpirun/srun the work is split across ranks (input files when there are
-at least as many files as ranks, else documents) and each rank writes its own
-shards. Randomness is keyed per document, so the examples (as a set) do not
-depend on the number of ranks. The output format is described in
-hvdtrain/bert_data.py (SHARD_FORMAT_DOC) and versioned in metadata.json.
+Under mpirun/srun the work is split across ranks: contiguous input files for
+tokenizing (give at least as many files as ranks), documents for making
+instances, shards for writing. The shards are the same, byte for byte, whatever
+the number of ranks, and within one instance of each other in size; "random
+next" segments come from other documents of the whole corpus. Memory holds a
+chunk of text or one shard at a time (hvdtrain/bert_prepare.py). The output
+format is described in hvdtrain/bert_data.py (SHARD_FORMAT_DOC) and versioned
+in metadata.json.
 """
 import atexit
+import itertools
 import math
-import random
 import shutil
 import time
 from pathlib import Path
 
 from hvdtrain import bert_corpus as corpus
 from hvdtrain import bert_data
+from hvdtrain import bert_prepare as prepare
 from hvdtrain.cli import (ArgumentParser, UsageError, fraction, non_negative_int,
                           positive_int, run_main)
 from hvdtrain.mpi_world import World
@@ -70,6 +74,9 @@ def parse_args(argv=None):
                         help="passes over the corpus, each with different pairs (and masks)")
     parser.add_argument("--num-shards", type=positive_int, default=8,
                         help="output files; at least as many as ranks that will train on them")
+    parser.add_argument("--bin-size", type=non_negative_int, default=0,
+                        help="group each shard's rows by length in bins of this many tokens (NVIDIA LDDL: 64 "
+                             "for phase 2) so pretrain_bert.py pads only to the bin's length; 0: off")
     parser.add_argument("--seed", type=non_negative_int, default=12345,
                         help="pairs, segments and masks; the same seed gives the same examples")
     args = parser.parse_args(argv)
@@ -103,14 +110,19 @@ def check_inputs(args, world):
 
 
 def load_documents(files, file_index):
-    """The documents of one input (``files`` None: the embedded corpus)."""
+    """The documents of one input, streamed (``files`` None: the embedded corpus)."""
     if files is None:
         return corpus.default_corpus_documents()
     return corpus.read_documents(files[file_index])
 
 
 def build_vocabulary(args, files):
-    """Rank 0: reuse or train the vocabulary. Returns (vocab dict, lowercase)."""
+    """Rank 0: reuse or train the vocabulary. Returns (vocab dict, lowercase).
+
+    Our own trainer (pure Python), not the `tokenizers` one: that one breaks ties
+    by hash-map order and so trains another vocabulary on each run (see
+    bert_corpus.train_wordpiece). Use --vocab to skip this step on big corpora.
+    """
     if args.vocab is not None:
         try:
             tokenizer = corpus.load_tokenizer(args.vocab, args.lowercase)
@@ -123,57 +135,56 @@ def build_vocabulary(args, files):
     return corpus.train_wordpiece(texts, args.vocab_size, args.lowercase), args.lowercase
 
 
-def my_work(files, world):
-    """This rank's share: {file index: document indices, or None for all of them}.
+def tokenize_my_files(args, files, world, tokenizer, scratch):
+    """Pass 1: this rank's contiguous range of input files (balanced by size) into its token store.
 
-    Whole files when there are enough of them; else every rank reads every file
-    and takes every size-th document (counted across files).
+    Returns (documents stored, characters read).
     """
-    count = 1 if files is None else len(files)
-    if count >= world.size:
-        return {index: None for index in range(world.rank, count, world.size)}
-    work, first = {}, 0
-    for index in range(count):
-        documents = len(load_documents(files, index))
-        work[index] = [d for d in range(documents) if (first + d) % world.size == world.rank]
-        first += documents
-    return work
+    sizes = [1] if files is None else [f.stat().st_size for f in files]
+    first, last = prepare.contiguous_ranges(sizes, world.size)[world.rank]
+    writer = prepare.TokenStoreWriter(prepare.store_prefix(scratch, world.rank),
+                                      prepare.token_dtype(len(tokenizer)))
+    characters = prepare.tokenize_sources((load_documents(files, i) for i in range(first, last)),
+                                          tokenizer, writer)
+    writer.close()
+    return writer.documents, characters
 
 
-def make_instances(args, files, work, tokenizer):
-    ids = corpus.SpecialIds.of(tokenizer)
-    instances = []
-    for file_index, chosen in work.items():
-        documents = corpus.tokenize_documents(tokenizer, load_documents(files, file_index))
-        for document_index in (range(len(documents)) if chosen is None else chosen):
-            if not documents[document_index]:
-                continue
-            for round_index in range(args.dupe_factor):
-                rng = corpus.document_rng(args.seed, file_index, document_index, round_index)
-                made = corpus.instances_from_document(documents, document_index, args.max_seq_length,
-                                                      args.short_seq_prob, rng, ids)
-                if args.masking == "static":
-                    for instance in made:
-                        corpus.mask_instance(instance, args.masked_lm_prob,
-                                             args.max_predictions_per_seq, rng, ids)
-                instances.extend(made)
-    return instances
+def check_document_count(total):
+    if total < 2:
+        raise UsageError(f"the input holds {total} non-empty document(s); next-sentence prediction needs "
+                         "at least 2 (separate documents with a blank line)")
 
 
-def write_my_shards(args, world, instances):
-    """Shuffle this rank's instances and write them into shards rank, rank+size, ...
+def make_my_instances(args, world, tokenizer, scratch, counts):
+    """Pass 2: instances of this rank's contiguous range of the corpus's documents."""
+    store = prepare.TokenStore(scratch, counts, prepare.token_dtype(len(tokenizer)))
+    total = store.count
+    documents = range(world.rank * total // world.size, (world.rank + 1) * total // world.size)
+    parts = prepare.ShardParts(scratch, world.rank, args.num_shards, record_dtype(args))
+    made = prepare.make_instances(store, documents, args, corpus.SpecialIds.of(tokenizer), parts)
+    store.close()
+    return made
+
+
+def record_dtype(args):
+    return corpus.record_dtype(args.max_seq_length, args.max_predictions_per_seq, args.masking == "static")
+
+
+def write_my_shards(args, world, scratch, made):
+    """Pass 3: shards rank, rank+size, ...; ``made`` is every rank's instance count.
 
     Returns [{"file", "instances", "sha256"}] for the metadata.
     """
-    random.Random(f"{args.seed}:shuffle:{world.rank}").shuffle(instances)
-    mine = list(range(world.rank, args.num_shards, world.size))
+    offsets = [0, *itertools.accumulate(made)][:-1]
     written = []
-    for position, shard_index in enumerate(mine):
-        part = instances[position::len(mine)]
-        arrays = corpus.instances_to_arrays(part, args.max_seq_length, args.max_predictions_per_seq)
-        name = bert_data.shard_name(shard_index)
-        digest = bert_data.write_shard(args.output_dir / name, arrays)
-        written.append({"file": name, "instances": len(part), "sha256": digest})
+    for shard in range(world.rank, args.num_shards, world.size):
+        records = prepare.shard_records(scratch, shard, offsets, args.num_shards, record_dtype(args), args.seed)
+        entry = {"file": bert_data.shard_name(shard), "instances": len(records)}
+        if args.bin_size:
+            records, entry["bins"] = prepare.sort_by_bin(records, args.bin_size, args.max_seq_length)
+        entry["sha256"] = bert_data.write_shard(args.output_dir / entry["file"], corpus.records_to_arrays(records))
+        written.append(entry)
     return written
 
 
@@ -189,6 +200,7 @@ def clear_output(directory):
     directory.mkdir(parents=True, exist_ok=True)
     for path in directory.glob("shard-*.h5"):
         path.unlink()
+    shutil.rmtree(directory / prepare.SCRATCH_DIR, ignore_errors=True)
     (directory / bert_data.METADATA).unlink(missing_ok=True)
     shutil.rmtree(directory / bert_data.TOKENIZER_DIR, ignore_errors=True)
 
@@ -209,6 +221,7 @@ def metadata(args, files, tokenizer, shards, world):
         "short_seq_prob": args.short_seq_prob,
         "dupe_factor": args.dupe_factor,
         "seed": args.seed,
+        **({"bin_size": args.bin_size} if args.bin_size else {}),
         "num_instances": sum(shard["instances"] for shard in shards),
         "shards": sorted(shards, key=lambda shard: shard["file"]),
         "source": corpus.DEFAULT_CORPUS if files is None else [str(f) for f in files],
@@ -236,15 +249,48 @@ def main(argv=None):
         corpus.save_tokenizer(tokenizer, args.output_dir / bert_data.TOKENIZER_DIR)
         world.print0(f"vocabulary: {len(tokenizer)} tokens ({'uncased' if lowercase else 'cased'})")
 
-    instances = make_instances(args, files, my_work(files, world), tokenizer)
-    shards = [s for part in world.allgather(write_my_shards(args, world, instances)) for s in part]
+    scratch = args.output_dir / prepare.SCRATCH_DIR
     if world.is_main:
+        scratch.mkdir()
+    world.barrier()
+    timer = PhaseTimer(world)
+    stored = world.allgather(tokenize_my_files(args, files, world, tokenizer, scratch))
+    counts = [documents for documents, _ in stored]
+    world.agree_on_errors(check_document_count, sum(counts))
+    timer.done("tokenize", sum(characters for _, characters in stored))
+    made = world.allgather(make_my_instances(args, world, tokenizer, scratch, counts))
+    timer.done("instances")
+    shards = [s for part in world.allgather(write_my_shards(args, world, scratch, made)) for s in part]
+    timer.done("shards")
+    if world.is_main:
+        shutil.rmtree(scratch)
         info = metadata(args, files, tokenizer, shards, world)
         bert_data.write_metadata(args.output_dir, info)
         print(f"wrote {info['num_instances']} instances (seq {args.max_seq_length}, {args.masking} masking) "
               f"in {len(shards)} shards to {args.output_dir} on {world.size} rank(s) "
-              f"in {time.time() - start:.1f} s", flush=True)
+              f"in {time.time() - start:.1f} s ({timer.summary()})", flush=True)
     world.barrier()
+
+
+class PhaseTimer:
+    """Seconds per pass (all ranks done), and the input rate: the figures the README quotes."""
+
+    def __init__(self, world):
+        self.world, self.last, self.seconds, self.characters = world, time.time(), {}, 0
+
+    def done(self, phase, characters=None):
+        self.world.barrier()
+        now = time.time()
+        self.seconds[phase], self.last = now - self.last, now
+        if characters is not None:
+            self.characters = characters
+
+    def summary(self):
+        total = sum(self.seconds.values())
+        megabytes = self.characters / 1e6
+        phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
+        return (f"{megabytes:.1f} M characters; {phases}; "
+                f"{megabytes / total / self.world.size:.2f} MB/s per rank after the vocabulary")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ def parse_args(argv=None):
     data.add_argument("--data", required=True, type=Path, help="shard directory from prepare_bert_data.py")
     data.add_argument("--max-seq-length", type=cli.positive_int,
                       help="expected sequence length; an error when the shards differ (default: the shards')")
+    data.add_argument("--no-binning", action="store_true",
+                      help="pad every sequence to max_seq_length even when the shards were prepared with "
+                           "--bin-size (default: each step draws from one length bin, as NVIDIA LDDL)")
     data.add_argument("--mlm-probability", type=cli.fraction, default=0.15,
                       help="dynamic masking: fraction of tokens to predict")
     model = parser.add_argument_group("model (never downloaded)")
@@ -93,7 +96,7 @@ def load_setup(args, ctx):
     for entry in metadata["shards"][ctx.rank::ctx.size]:  # each rank opens a share of the files
         bert_data.check_shard(args.data, entry, metadata)
     data = bert_data.PretrainingData(args.data, metadata, ctx.rank, ctx.size, args.seed,
-                                     args.batch_size, args.accumulation_steps)
+                                     args.batch_size, args.accumulation_steps, binned=not args.no_binning)
     if data.steps_in_epoch(0) == 0:
         raise UsageError(f"{metadata['num_instances']} instances in {args.data} are not enough for one step "
                          f"of {args.batch_size} x {args.accumulation_steps} sequences on each of {ctx.size} ranks")
@@ -272,7 +275,8 @@ def main(argv=None):
     if run.stop_after_already_reached():
         return
     data = bert_data.PretrainingData(settings.data, metadata, ctx.rank, ctx.size, settings.seed,
-                                     settings.batch_size, settings.accumulation_steps, settings.mlm_probability)
+                                     settings.batch_size, settings.accumulation_steps, settings.mlm_probability,
+                                     binned=not settings.no_binning)
     run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "
                  f"seq {metadata['max_seq_length']}, {metadata['num_instances']} instances, {ctx.size} rank(s), "
                  f"global batch {settings.batch_size * settings.accumulation_steps * ctx.size}, "
@@ -284,9 +288,10 @@ def main(argv=None):
             state.next_epoch()
             continue
         if data.epoch != state.epoch:
-            with ctx.watchdog.phase("loading this rank's shards"):
+            with ctx.watchdog.phase("loading this rank's first shard of the epoch"):
                 # A damaged shard on one rank: one line and exit 2 on every rank.
-                dist.agree_on_errors(data.start_epoch, state.epoch)
+                # Later shards are read (and checked) as the epoch goes, one ahead.
+                dist.agree_on_errors(data.start_epoch, state.epoch, state.step_in_epoch)
         lr = scheduler.get_last_lr()[0]
         first_compiled = settings.compile and not tokens.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():

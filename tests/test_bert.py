@@ -8,7 +8,6 @@ import threading
 import time
 from pathlib import Path
 
-import h5py
 import pytest
 import torch
 
@@ -37,16 +36,6 @@ def results(directory):
 
 def metrics(directory):
     return [json.loads(line) for line in (Path(directory) / "metrics.jsonl").read_text().splitlines()]
-
-
-def examples(directory):
-    """Every example of a shard directory, as a multiset of hashable rows."""
-    found = []
-    for path in sorted(Path(directory).glob("shard-*.h5")):
-        with h5py.File(path) as handle:
-            columns = [handle[name][...] for name in sorted(handle)]
-        found.extend(tuple(column[row].tobytes() for column in columns) for row in range(len(columns[0])))
-    return sorted(found)
 
 
 @pytest.fixture(scope="module")
@@ -84,30 +73,33 @@ def pretrained(data_dir, tmp_path_factory):
 
 # ----------------------------------------------------------------------------- data preparation
 
-@pytest.mark.parametrize("source", ["embedded corpus", "text files"])
-def test_prepare_under_mpirun_writes_the_single_process_examples(source, tmp_path, need_mpi):
+@pytest.mark.parametrize("source", ["embedded corpus", "unequal text files"])
+def test_prepare_under_mpirun_writes_the_single_process_shards(source, tmp_path, need_mpi):
+    """Issue 9: shards used to follow each rank's input (896, 378, 902, ... instances)."""
     need_mpi4py()
-    args = ["--max-seq-length", "64", "--vocab-size", "1000", "--dupe-factor", "1", "--num-shards", "4",
+    args = ["--max-seq-length", "64", "--vocab-size", "600", "--dupe-factor", "1", "--num-shards", "8",
             "--masking", "static", "--seed", "3"]
-    if source == "text files":  # 3 files >= 2 ranks: whole files per rank
+    ranks = 2
+    if source == "unequal text files":  # 12 files of 1 to 34 documents on 3 ranks
         from hvdtrain.bert_corpus import default_corpus_documents
         documents = default_corpus_documents()
         (tmp_path / "text").mkdir()
-        for part in range(3):
-            text = "\n\n".join("\n".join(d) for d in documents[part::9])
-            (tmp_path / "text" / f"part{part}.txt").write_text(text + "\n")
+        for part in range(12):
+            text = "\n\n".join("\n".join(d) for d in documents[part::12][:1 + 3 * part])
+            (tmp_path / "text" / f"part{part:02d}.txt").write_text(text + "\n")
         args += ["--input", tmp_path / "text"]
+        ranks = 3
     ok(python([PREPARE, "--output-dir", tmp_path / "one", *args], timeout=120))
-    ok(launch(["mpirun", "-np", "2", sys.executable, PREPARE, "--output-dir", tmp_path / "two", *args],
+    ok(launch(["mpirun", "-np", str(ranks), sys.executable, PREPARE, "--output-dir", tmp_path / "many", *args],
               timeout=180))
     one = json.loads((tmp_path / "one" / "metadata.json").read_text())
-    two = json.loads((tmp_path / "two" / "metadata.json").read_text())
-    assert two["world_size"] == 2 and one["world_size"] == 1
-    assert one["vocab_sha256"] == two["vocab_sha256"]
-    assert one["num_instances"] == two["num_instances"] > 100
-    single, parallel = examples(tmp_path / "one"), examples(tmp_path / "two")
-    assert len(single) == one["num_instances"]
-    assert single == parallel
+    many = json.loads((tmp_path / "many" / "metadata.json").read_text())
+    assert many["world_size"] == ranks and one["world_size"] == 1
+    assert one["num_instances"] > 1000
+    sizes = [shard["instances"] for shard in many["shards"]]
+    assert max(sizes) - min(sizes) <= 1, sizes
+    assert many["shards"] == one["shards"]  # the same files, byte for byte (sha256)
+    assert not list((tmp_path / "many").glob(".*")), "scratch files left behind"
 
 
 # ----------------------------------------------------------------------------- pretraining
@@ -159,9 +151,10 @@ def test_resume_is_bit_exact(small_static_data, tmp_path):
 def test_phase2_starts_from_phase1_weights_with_longer_sequences(pretrained, data_dir, tmp_path):
     phase1, _ = pretrained
     ok(python([PREPARE, "--output-dir", tmp_path / "data128", "--max-seq-length", "128", "--vocab",
-               data_dir / "tokenizer", "--dupe-factor", "1", "--num-shards", "2"], timeout=120))
+               data_dir / "tokenizer", "--dupe-factor", "1", "--num-shards", "2", "--bin-size", "32"], timeout=120))
     meta = json.loads((tmp_path / "data128" / "metadata.json").read_text())
     assert meta["vocab_sha256"] == json.loads((data_dir / "metadata.json").read_text())["vocab_sha256"]
+    assert [len(shard["bins"]) for shard in meta["shards"]] == [4, 4]  # phase 2 trains length-binned
     run = ok(horovodrun(2, [PRETRAIN, "--data", tmp_path / "data128", "--init-checkpoint", phase1,
                             "--max-seq-length", "128", "--batch-size", "8", "--steps", "3", "--log-every", "1",
                             "--output-dir", tmp_path / "phase2"], timeout=180))
@@ -250,6 +243,9 @@ def test_bad_inputs_single_process(data_dir, tmp_path):
         one_line_error(python([PRETRAIN, *args, *base], timeout=120), *fragments)
     one_line_error(python([PREPARE, "--input", tmp_path / "nothing.txt", "--output-dir", tmp_path / "d"],
                           timeout=60), "input not found")
+    (tmp_path / "one.txt").write_text("A single document.\nWith two sentences.\n")
+    one_line_error(python([PREPARE, "--input", tmp_path / "one.txt", "--vocab", data_dir / "tokenizer",
+                           "--output-dir", tmp_path / "d"], timeout=60), "1 non-empty document", "at least 2")
 
 
 def test_nvlamb_without_lamb_is_a_one_line_error(tmp_path):

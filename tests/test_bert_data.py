@@ -1,12 +1,13 @@
 """BERT data pieces in-process: instances, masking, the shard format, per-rank data."""
 import collections
-import json
+import random
 
 import numpy as np
 import pytest
 
 from hvdtrain import bert_corpus as corpus
 from hvdtrain import bert_data
+from hvdtrain import bert_prepare as prepare
 from hvdtrain.cli import UsageError
 
 IDS = corpus.SpecialIds(cls=2, sep=3, mask=4, pad=0, vocab_size=1000, first_regular=5)
@@ -17,12 +18,17 @@ def fake_documents(count=12, sentences=9, seed=0):
     return [[list(rng.integers(5, 1000, rng.integers(3, 25))) for _ in range(sentences)] for _ in range(count)]
 
 
+def from_document(documents, index, max_seq_length, rng):
+    segment = lambda rng, length: corpus.segment_from(documents, index, rng, length)  # noqa: E731
+    return corpus.instances_from_document(documents[index], max_seq_length, 0.1, rng, IDS, segment)
+
+
 def make_instances(max_seq_length=32, documents=None, masked=False):
     documents = documents or fake_documents()
     made = []
     for index in range(len(documents)):
-        rng = corpus.document_rng(7, 0, index, 0)
-        for instance in corpus.instances_from_document(documents, index, max_seq_length, 0.1, rng, IDS):
+        rng = corpus.document_rng(7, index, 0)
+        for instance in from_document(documents, index, max_seq_length, rng):
             if masked:
                 corpus.mask_instance(instance, 0.15, 5, rng, IDS)
             made.append(instance)
@@ -44,9 +50,9 @@ def test_instances_are_well_formed_sentence_pairs():
 
 def test_instances_depend_only_on_the_document_key():
     documents = fake_documents()
-    a = corpus.instances_from_document(documents, 3, 32, 0.1, corpus.document_rng(7, 0, 3, 1), IDS)
-    b = corpus.instances_from_document(documents, 3, 32, 0.1, corpus.document_rng(7, 0, 3, 1), IDS)
-    c = corpus.instances_from_document(documents, 3, 32, 0.1, corpus.document_rng(7, 0, 3, 2), IDS)
+    a = from_document(documents, 3, 32, corpus.document_rng(7, 3, 1))
+    b = from_document(documents, 3, 32, corpus.document_rng(7, 3, 1))
+    c = from_document(documents, 3, 32, corpus.document_rng(7, 3, 2))
     assert [i.tokens for i in a] == [i.tokens for i in b]
     assert [i.tokens for i in a] != [i.tokens for i in c]
 
@@ -77,7 +83,8 @@ def test_static_masking_is_15_percent_with_80_10_10():
 
 
 def test_dynamic_masking_rate_specials_and_determinism():
-    arrays = corpus.instances_to_arrays(make_instances(64), 64, 10)
+    arrays = corpus.records_to_arrays(corpus.instances_to_records(make_instances(64),
+                                                                  corpus.record_dtype(64, 10, static=False)))
     special = {**IDS.__dict__}
 
     def masked(seed):
@@ -98,49 +105,156 @@ def test_dynamic_masking_rate_specials_and_determinism():
     assert (masked(2)[1] != labels).any()
 
 
-def write_dataset(directory, shard_sizes, length=16):
+def write_dataset(directory, shard_sizes, length=16, masking="dynamic"):
+    """Shards whose rows are marked: input_ids[1] - 5 is the shard, input_ids[7] - 5 the row."""
     shards = []
+    dtype = corpus.record_dtype(length, 3, static=masking == "static")
     for index, rows in enumerate(shard_sizes):
         instances = [corpus.Instance(tokens=[2] + [index + 5] * 5 + [3, row + 5, 3],
-                                     segment_ids=[0] * 7 + [1, 1], is_random_next=row % 2 == 0)
+                                     segment_ids=[0] * 7 + [1, 1], is_random_next=row % 2 == 0,
+                                     masked_positions=[], masked_ids=[])
                      for row in range(rows)]
         name = bert_data.shard_name(index)
-        bert_data.write_shard(directory / name, corpus.instances_to_arrays(instances, length, 3))
-        shards.append({"file": name, "instances": rows})
+        records = corpus.instances_to_records(instances, dtype)
+        digest = bert_data.write_shard(directory / name, corpus.records_to_arrays(records))
+        shards.append({"file": name, "instances": rows, "sha256": digest})
     metadata = {"format": bert_data.FORMAT_NAME, "format_version": bert_data.FORMAT_VERSION,
                 "vocab_sha256": "x", "vocab_size": 1000, "special_ids": IDS.__dict__,
-                "max_seq_length": length, "masking": "dynamic", "num_instances": sum(shard_sizes),
-                "shards": shards}
+                "max_seq_length": length, "max_predictions_per_seq": 3, "masking": masking,
+                "num_instances": sum(shard_sizes), "shards": shards}
     bert_data.write_metadata(directory, metadata)
     return metadata
 
 
-def test_ranks_read_disjoint_files_and_take_equal_steps(tmp_path):
-    metadata = write_dataset(tmp_path, [10, 12, 9, 11])
-    assert bert_data.read_metadata(tmp_path) == json.loads(json.dumps(metadata))
-    ranks = [bert_data.PretrainingData(tmp_path, metadata, r, 2, seed=5, micro_batch=3, accumulation=1)
-             for r in range(2)]
+def epoch_rows(metadata, directory, size, epoch, first_step=0, micro_batch=5, accumulation=1):
+    """(shard, row) of every instance each rank trains on in ``epoch``, from ``first_step``."""
+    seen = []
+    for rank in range(size):
+        data = bert_data.PretrainingData(directory, metadata, rank, size, seed=5, micro_batch=micro_batch,
+                                         accumulation=accumulation)
+        data.start_epoch(epoch, first_step)
+        ids = [data.batch(step, micro)["input_ids"] for step in range(first_step, data.steps_in_epoch(epoch))
+               for micro in range(accumulation)]
+        seen.append([(int(row[1]) - 5, int(row[7]) - 5) for batch in ids for row in batch])
+    return seen
+
+
+def test_two_ranks_see_every_instance_once_per_epoch(tmp_path):
+    """3 shards on 2 ranks (issue 9: each rank used to be cut to the smallest rank's files)."""
+    metadata = write_dataset(tmp_path, [7, 7, 6], masking="static")
+    everything = sorted((shard, row) for shard, rows in enumerate([7, 7, 6]) for row in range(rows))
+    orders = []
+    for epoch in range(3):
+        seen = epoch_rows(metadata, tmp_path, size=2, epoch=epoch)
+        assert len(seen[0]) == len(seen[1]) == 10
+        assert sorted(seen[0] + seen[1]) == everything
+        orders.append(seen[0])
+    assert orders[0] != orders[1] != orders[2]  # reshuffled every epoch
+    # A resume mid-epoch reads the same batches the uninterrupted epoch did.
+    assert epoch_rows(metadata, tmp_path, size=2, epoch=1, first_step=1)[0] == orders[1][5:]
+
+
+def test_a_rank_holds_one_shard_and_reads_the_next_ahead(tmp_path):
+    """Issue 9: every shard of the epoch used to be loaded at its start."""
+    metadata = write_dataset(tmp_path, [5] * 6, masking="static")
+    data = bert_data.PretrainingData(tmp_path, metadata, 0, 1, seed=5, micro_batch=5, accumulation=1)
+    data.start_epoch(0)
+    stream = data.streams[0]
+    assert set(stream.loaded) == {0} and stream.prefetched[0] == 1
+    shards = [int(data.batch(step, 0)["input_ids"][0, 1]) - 5 for step in range(3)]
+    assert set(stream.loaded) == {2} and stream.prefetched[0] == 3
+    assert len(set(shards)) == 3  # a batch of 5 is one whole shard here: pieces follow each other
+    data.start_epoch(0, step=4)  # a resume mid-epoch reads only the piece it needs
+    assert set(data.streams[0].loaded) == {4}
+
+
+def test_the_remainder_is_left_to_later_epochs_never_repeated(tmp_path):
+    metadata = write_dataset(tmp_path, [9, 8, 0, 9], masking="static")  # 26 rows, an empty shard
+    for epoch in range(2):
+        seen = epoch_rows(metadata, tmp_path, size=3, epoch=epoch, micro_batch=2, accumulation=2)
+        flat = seen[0] + seen[1] + seen[2]
+        assert len(flat) == len(set(flat)) == 3 * 8  # 26 // 3 = 8 rows per rank: 2 steps of 2 x 2
+
+
+def test_an_empty_static_shard_is_written_whole_and_accepted(tmp_path):
+    metadata = write_dataset(tmp_path, [4, 0], masking="static")
+    import h5py
+    with h5py.File(tmp_path / metadata["shards"][1]["file"], "r+") as handle:
+        assert handle["masked_lm_positions"].shape == (0, 3)
+        del handle["masked_lm_positions"], handle["masked_lm_ids"]  # as preparations before issue 9 wrote it
+    metadata["shards"][1].pop("sha256")
+    bert_data.check_shard(tmp_path, metadata["shards"][1], metadata)
+    assert sorted(sum(epoch_rows(metadata, tmp_path, size=2, epoch=0, micro_batch=2), [])) == [
+        (0, row) for row in range(4)]
+
+
+def test_random_next_segments_come_from_other_documents_of_the_whole_corpus(tmp_path):
+    """One document per input file, stored by two ranks (issue 9: drawn from the same file)."""
+    documents = [[[5 + 40 * d + s] * 6 for s in range(8)] for d in range(6)]  # document d: ids 5+40d...
+    dtype = prepare.token_dtype(IDS.vocab_size)
+    for rank, mine in enumerate([documents[:2], documents[2:]]):
+        writer = prepare.TokenStoreWriter(prepare.store_prefix(tmp_path, rank), dtype)
+        for document in mine:
+            writer.add([document])
+        writer.close()
+    store = prepare.TokenStore(tmp_path, [2, 4], dtype)
+    assert [store.document(d) for d in range(6)] == documents
+    for target in (1, 6, 7, 30, 100):  # reading from the store == taking from memory
+        assert (store.random_segment(2, random.Random(target), target)
+                == corpus.segment_from(documents, 2, random.Random(target), target))
+    options = type("Options", (), dict(dupe_factor=3, seed=1, max_seq_length=32, short_seq_prob=0.1,
+                                       masking="dynamic"))
+    parts = prepare.ShardParts(tmp_path, 0, 1, corpus.record_dtype(32, 5, static=False))
+    made = prepare.make_instances(store, range(6), options, IDS, parts)
+    records = np.fromfile(prepare.part_path(tmp_path, 0, 0), dtype=parts.dtype)
+    assert len(records) == made > 30
+    sources = collections.Counter()
+    for record in records[records["next_sentence_labels"] == 1]:
+        tokens = record["input_ids"][record["input_mask"] == 1]
+        a, b = tokens[1:list(tokens).index(IDS.sep)], tokens[list(tokens).index(IDS.sep) + 1:-1]
+        a_document, b_documents = (a[0] - 5) // 40, set((b - 5) // 40)
+        assert b_documents != {a_document} and len(b_documents) == 1
+        sources[b_documents.pop()] += 1
+    assert len(sources) == 6  # from every document, on both ranks' stores
+
+
+def test_preparation_splits_work_into_contiguous_balanced_ranges():
+    assert prepare.contiguous_ranges([1] * 10, 3) == [(0, 3), (3, 7), (7, 10)]
+    assert prepare.contiguous_ranges([5], 3) == [(0, 0), (0, 1), (1, 1)]  # fewer files than ranks
+
+
+def test_length_bins_give_every_rank_the_same_bin_at_each_step(tmp_path):
+    rng = np.random.default_rng(0)
+    shards, dtype = [], corpus.record_dtype(32, 3, static=True)
+    for index, rows in enumerate([40, 39, 40]):
+        lengths = rng.integers(5, 33, rows)  # row r of shard s: [CLS] s r ... [SEP], `length` tokens
+        instances = [corpus.Instance(tokens=[2, index + 5, row + 5] + [9] * (n - 4) + [3],
+                                     segment_ids=[0] * n, is_random_next=False, masked_positions=[], masked_ids=[])
+                     for row, n in enumerate(lengths)]
+        records, bins = prepare.sort_by_bin(corpus.instances_to_records(instances, dtype), 8, 32)
+        name = bert_data.shard_name(index)
+        bert_data.write_shard(tmp_path / name, corpus.records_to_arrays(records))
+        shards.append({"file": name, "instances": rows, "bins": bins})
+    metadata = {"vocab_size": 1000, "special_ids": IDS.__dict__, "max_seq_length": 32, "masking": "static",
+                "bin_size": 8, "num_instances": 119, "shards": shards}
+    ranks = [bert_data.PretrainingData(tmp_path, metadata, r, 2, seed=3, micro_batch=4, accumulation=1,
+                                       binned=True) for r in range(2)]
     steps = ranks[0].steps_in_epoch(0)
-    assert steps == ranks[1].steps_in_epoch(0) >= 6
+    assert 4 * 2 * steps <= 119 and steps >= 12
     seen = []
     for data in ranks:
         data.start_epoch(0)
-        shard_marks = {int(row[1]) for row in data.arrays["input_ids"]}
-        seen.append(shard_marks)
-        first = data.batch(0, 0)["input_ids"]
-        data.start_epoch(0)
-        assert (data.batch(0, 0)["input_ids"] == first).all()  # a batch is a pure function of its position
-    assert seen[0].isdisjoint(seen[1]) and len(seen[0] | seen[1]) == 4
-
-
-def test_fewer_files_than_ranks_stride_samples(tmp_path):
-    metadata = write_dataset(tmp_path, [20])
-    rows = []
-    for rank in range(3):
-        data = bert_data.PretrainingData(tmp_path, metadata, rank, 3, seed=1, micro_batch=2, accumulation=1)
-        data.start_epoch(0)
-        rows.append({int(r[7]) for r in data.arrays["input_ids"]})
-    assert sum(map(len, rows)) == 20 and len(set.union(*rows)) == 20
+    for step in range(steps):
+        batches = [data.batch(step, 0) for data in ranks]
+        widths = {batch["input_ids"].shape[1] for batch in batches}
+        assert len(widths) == 1, widths  # every rank draws from the same bin
+        width = widths.pop()
+        for batch in batches:
+            lengths = batch["attention_mask"].sum(1)
+            assert ((lengths > width - 8) & (lengths <= width)).all()
+            seen.extend((int(row[1]), int(row[2])) for row in batch["input_ids"])
+    assert len(seen) == len(set(seen)) == 8 * steps
+    assert len({data.schedule[0][0] for data in ranks}) == 1
 
 
 def test_bad_shard_directories_are_named(tmp_path):

@@ -9,7 +9,7 @@ import torch
 
 from hvdtrain import checkpoint, cli, dist, metrics, optim, runlog
 from hvdtrain.cli import UsageError
-from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler, assign_files
+from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler, assign_rows
 
 
 def test_sharded_ranks_together_see_the_single_process_order():
@@ -37,12 +37,14 @@ def test_unpadded_validation_counts_every_sample_once():
     assert sorted(sum(shards, [])) == list(range(11))
 
 
-def test_assign_files_is_disjoint_or_strided():
-    files = [f"f{i}" for i in range(5)]
-    mine = [assign_files(files, r, 2, seed=1, epoch=0) for r in range(2)]
-    assert sorted(mine[0][0] + mine[1][0]) == files and mine[0][1] == 1
-    few, stride = assign_files(files[:1], 1, 4, seed=1, epoch=0)
-    assert few == files[:1] and stride == 4
+def test_assign_rows_gives_every_row_to_one_rank_in_equal_shares():
+    sizes = [9, 9, 8, 0, 9]  # 5 files on 2 ranks: one file is split between them
+    for epoch in range(3):
+        shares = [assign_rows(sizes, r, 2, seed=1, epoch=epoch) for r in range(2)]
+        rows = [(f, row) for share in shares for f, start, stop in share for row in range(start, stop)]
+        assert sorted(rows) == [(f, row) for f, n in enumerate(sizes) for row in range(n)]
+        assert sorted(sum(stop - start for _, start, stop in share) for share in shares) == [17, 18]
+    assert assign_rows(sizes, 0, 2, 1, 0) != assign_rows(sizes, 0, 2, 1, 1)  # reshuffled per epoch
 
 
 def test_pruning_keeps_the_checkpoint_just_written(tmp_path):

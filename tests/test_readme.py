@@ -129,7 +129,7 @@ def test_make_demo_stopped_prints_a_command_that_resumes(workdir):
 # ---------------------------------------------------------------- the BERT examples
 PREPARE = "python scripts/prepare_bert_data.py --output-dir data/bert128"
 PREPARE_512 = ("python scripts/prepare_bert_data.py --vocab data/bert128/tokenizer --max-seq-length 512 "
-               "--output-dir data/bert512")
+               "--bin-size 64 --output-dir data/bert512")
 PHASE1 = "horovodrun -np 2 python scripts/pretrain_bert.py --data data/bert128 --model tiny --output-dir runs/bert"
 PHASE2 = ("horovodrun -np 2 python scripts/pretrain_bert.py --data data/bert512 --init-checkpoint runs/bert "
           "--max-seq-length 512 --output-dir runs/bert-phase2")

@@ -2,10 +2,10 @@
 
 Pure Python (no Horovod, no MPI), used by scripts/prepare_bert_data.py.
 
-Randomness is keyed per document: the instances made from document ``d`` of
-input file ``f`` in duplication round ``k`` depend only on (seed, f, d, k), never
-on which rank makes them or in which order. That is what lets N ranks write the
-same examples (as a set) as one process does.
+Randomness is keyed per document: the instances made from document ``d`` (its
+index in the whole corpus) in duplication round ``k`` depend only on (seed, d, k)
+and the corpus, never on which rank makes them or in which order. That is what
+lets N ranks write the same shards as one process does.
 """
 import collections
 import hashlib
@@ -44,19 +44,21 @@ def input_files(paths):
 
 
 def read_documents(path):
-    """A text file as documents: blank lines separate documents, one sentence per line."""
-    documents, current = [], []
+    """A text file's documents, one at a time (a file may be larger than memory).
+
+    Blank lines separate documents; each line is a sentence (or paragraph).
+    """
+    current = []
     with open(path, encoding="utf-8", errors="replace") as handle:
         for line in handle:
             line = line.strip()
             if line:
                 current.append(line)
             elif current:
-                documents.append(current)
+                yield current
                 current = []
     if current:
-        documents.append(current)
-    return documents
+        yield current
 
 
 def default_corpus_documents():
@@ -207,14 +209,18 @@ def vocab_hash(tokenizer):
 
 
 def tokenize_documents(tokenizer, documents):
-    """Each document as a list of token-id lists (one per sentence); empty ones dropped."""
+    """Each document as a list of token-id lists (one per sentence); empty sentences dropped.
+
+    One Rust batch call for all sentences (``encode_batch_fast``: no offsets);
+    the result does not depend on the batch size or on TOKENIZERS_PARALLELISM.
+    """
     flat = [sentence for document in documents for sentence in document]
-    ids = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+    backend = tokenizer.backend_tokenizer
+    ids = [e.ids for e in backend.encode_batch_fast(flat, add_special_tokens=False)] if flat else []
     tokenized, position = [], 0
     for document in documents:
-        sentences = [s for s in ids[position:position + len(document)] if s]
+        tokenized.append([s for s in ids[position:position + len(document)] if s])
         position += len(document)
-        tokenized.append(sentences)
     return tokenized
 
 
@@ -247,19 +253,24 @@ class Instance:
     masked_ids: list = None
 
 
-def document_rng(seed, file_index, document_index, round_index):
-    """The random generator of one document in one duplication round (str seeds hash with sha512)."""
-    return random.Random(f"{seed}:{file_index}:{document_index}:{round_index}")
+def document_rng(seed, document_index, round_index):
+    """The random generator of one document (its index in the corpus) in one duplication round."""
+    return random.Random(f"{seed}:{document_index}:{round_index}")  # str seeds hash with sha512
 
 
-def instances_from_document(documents, index, max_seq_length, short_seq_prob, rng, ids):
+def other_document_index(index, count, rng):
+    """A document of the corpus other than ``index``, uniformly (Google's reference draws
+    from the whole corpus; unlike it, never the same document, so the label is true)."""
+    other = rng.randrange(count - 1)
+    return other + 1 if other >= index else other
+
+
+def instances_from_document(document, max_seq_length, short_seq_prob, rng, ids, random_segment):
     """Google BERT's create_instances_from_document: NSP pairs from one document.
 
-    ``documents`` is the list of tokenized documents of this document's input
-    file: "random next" segments come from another document of the same file,
-    so the result does not depend on how files are split across ranks.
+    ``random_segment(rng, target_length)`` returns the tokens of a "random next"
+    segment from another document of the corpus (see ``segment_from``).
     """
-    document = documents[index]
     max_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP]
     # Mostly fill the sequence; sometimes train on short ones to match fine-tuning inputs.
     target_length = rng.randint(2, max_tokens) if rng.random() < short_seq_prob else max_tokens
@@ -273,7 +284,7 @@ def instances_from_document(documents, index, max_seq_length, short_seq_prob, rn
             tokens_b, is_random_next = [], False
             if len(chunk) == 1 or rng.random() < 0.5:
                 is_random_next = True
-                tokens_b = _random_segment(documents, index, target_length - len(tokens_a), rng)
+                tokens_b = random_segment(rng, target_length - len(tokens_a))
                 i -= len(chunk) - a_end  # the unused segments go back into the pool
             else:
                 tokens_b = [t for segment in chunk[a_end:] for t in segment]
@@ -288,15 +299,16 @@ def instances_from_document(documents, index, max_seq_length, short_seq_prob, rn
     return instances
 
 
-def _random_segment(documents, index, target_length, rng):
-    other = index
-    for _ in range(10):  # Google's rule: a few tries to find a different document
-        other = rng.randint(0, len(documents) - 1)
-        if other != index:
-            break
-    document = documents[other]
+def segment_from(documents, index, rng, target_length):
+    """A random segment from a document of ``documents`` (in memory) other than ``index``."""
+    document = documents[other_document_index(index, len(documents), rng)]
+    return sentences_from(document, rng.randint(0, len(document) - 1), target_length)
+
+
+def sentences_from(document, start, target_length):
+    """Consecutive sentences of ``document`` from ``start`` until ``target_length`` tokens."""
     tokens = []
-    for segment in document[rng.randint(0, len(document) - 1):]:
+    for segment in document[start:]:
         tokens.extend(segment)
         if len(tokens) >= target_length:
             break
@@ -304,13 +316,25 @@ def _random_segment(documents, index, target_length, rng):
 
 
 def _truncate_pair(tokens_a, tokens_b, max_tokens, rng):
-    """Trim the longer segment, from the front or the back at random, until both fit."""
-    while len(tokens_a) + len(tokens_b) > max_tokens:
-        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-        if rng.random() < 0.5:
-            del longer[0]
-        else:
-            longer.pop()
+    """Trim the longer segment until both fit, each token from the front or the back at random.
+
+    Google's reference pops one token at a time from the longer segment (B on a
+    tie) with a coin flip each; the same lengths in closed form, and the same
+    front/back distribution with one draw per segment (a sum of fair bits).
+    """
+    excess = len(tokens_a) + len(tokens_b) - max_tokens
+    if excess <= 0:
+        return
+    if excess <= abs(len(tokens_a) - len(tokens_b)):  # only the longer one shrinks
+        keep = ((len(tokens_a) - excess, len(tokens_b)) if len(tokens_a) > len(tokens_b)
+                else (len(tokens_a), len(tokens_b) - excess))
+    else:  # both shrink to about half, A keeping the odd token
+        keep = ((max_tokens + 1) // 2, max_tokens // 2)
+    for tokens, length in ((tokens_a, keep[0]), (tokens_b, keep[1])):
+        cut = len(tokens) - length
+        if cut:
+            front = bin(rng.getrandbits(cut)).count("1")
+            tokens[:] = tokens[front:front + length]
 
 
 def mask_instance(instance, masked_lm_prob, max_predictions, rng, ids):
@@ -330,27 +354,33 @@ def mask_instance(instance, masked_lm_prob, max_predictions, rng, ids):
         # else: keep the original token
 
 
-def instances_to_arrays(instances, max_seq_length, max_predictions):
-    """Fixed-size arrays in the shard format (see bert_data.SHARD_FORMAT_DOC)."""
-    n = len(instances)
-    arrays = {
-        "input_ids": np.zeros((n, max_seq_length), dtype=np.int32),
-        "segment_ids": np.zeros((n, max_seq_length), dtype=np.int8),
-        "input_mask": np.zeros((n, max_seq_length), dtype=np.int8),
-        "next_sentence_labels": np.zeros((n,), dtype=np.int8),
-    }
-    static = n and instances[0].masked_positions is not None
+def record_dtype(max_seq_length, max_predictions, static):
+    """One instance as one fixed-size record: the shard format's row (bert_data.SHARD_FORMAT_DOC)."""
+    fields = [("input_ids", np.int32, (max_seq_length,)), ("segment_ids", np.int8, (max_seq_length,)),
+              ("input_mask", np.int8, (max_seq_length,)), ("next_sentence_labels", np.int8)]
     if static:
-        arrays["masked_lm_positions"] = np.zeros((n, max_predictions), dtype=np.int32)
-        arrays["masked_lm_ids"] = np.zeros((n, max_predictions), dtype=np.int32)
+        fields += [("masked_lm_positions", np.int32, (max_predictions,)),
+                   ("masked_lm_ids", np.int32, (max_predictions,))]
+    return np.dtype(fields)
+
+
+def instances_to_records(instances, dtype):
+    """Instances as a record array of ``dtype`` (see record_dtype), 0-padded."""
+    records = np.zeros(len(instances), dtype=dtype)
+    static = "masked_lm_ids" in dtype.names
     for row, instance in enumerate(instances):
-        length = len(instance.tokens)
-        arrays["input_ids"][row, :length] = instance.tokens
-        arrays["segment_ids"][row, :length] = instance.segment_ids
-        arrays["input_mask"][row, :length] = 1
-        arrays["next_sentence_labels"][row] = int(instance.is_random_next)
+        record, length = records[row], len(instance.tokens)
+        record["input_ids"][:length] = instance.tokens
+        record["segment_ids"][:length] = instance.segment_ids
+        record["input_mask"][:length] = 1
+        record["next_sentence_labels"] = int(instance.is_random_next)
         if static:
             count = len(instance.masked_positions)
-            arrays["masked_lm_positions"][row, :count] = instance.masked_positions
-            arrays["masked_lm_ids"][row, :count] = instance.masked_ids
-    return arrays
+            record["masked_lm_positions"][:count] = instance.masked_positions
+            record["masked_lm_ids"][:count] = instance.masked_ids
+    return records
+
+
+def records_to_arrays(records):
+    """Columns of a record array, by name (every column present even with 0 rows)."""
+    return {name: np.ascontiguousarray(records[name]) for name in records.dtype.names}

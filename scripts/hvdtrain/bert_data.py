@@ -2,16 +2,18 @@
 
 Pure (no Horovod): the trainer passes rank and size in.
 """
+import bisect
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .cli import UsageError
-from .sampling import assign_files
+from .sampling import assign_rows
 
 FORMAT_NAME = "hvdtrain-bert-shards"
 FORMAT_VERSION = 1
@@ -28,9 +30,15 @@ Shard format, version 1 (a directory written by scripts/prepare_bert_data.py):
                       shards: [{"file", "instances", "sha256"}], source, world_size
                       (sha256 of each shard file, checked whenever it is loaded;
                       shards listed without one are checked by value range only)
+                      with --bin-size: bin_size, and each shard's "bins": rows per
+                      length bin (bin b: lengths in (b*bin_size, (b+1)*bin_size]),
+                      the shard's rows being grouped by bin in that order
   tokenizer/          Hugging Face tokenizer (tokenizer.json, tokenizer_config.json)
                       and vocab.txt
-  shard-NNNNN.h5      HDF5, one row per instance (NVIDIA's dataset names):
+  shard-NNNNN.h5      HDF5, one row per instance (NVIDIA's dataset names); shards hold
+                      num_instances / num_shards instances, give or take one
+                      (since prepare_bert_data.py balances them; older ones may
+                      differ, and training accepts any sizes, 0 included):
       input_ids             int32 [n, max_seq_length]   [CLS] A [SEP] B [SEP], 0-padded
       segment_ids           int8  [n, max_seq_length]   0 for A, 1 for B
       input_mask            int8  [n, max_seq_length]   1 on real tokens
@@ -121,16 +129,23 @@ def check_shard(directory, entry, metadata):
     try:
         with h5py.File(path, "r") as handle:
             shapes = {name: handle[name].shape for name in names if name in handle}
-            # Read the first and last rows so a truncated file is caught now, not mid-run.
-            for name in names:
-                if name in handle and handle[name].shape[0]:
-                    handle[name][0], handle[name][-1]
+            # Every value, one array at a time: a foreign shard is named now, on every rank,
+            # not mid-epoch on the one rank that streams it in.
+            for name in shapes:
+                check_values(path, {name: handle[name][...]}, metadata)
+    except UsageError:
+        raise
     except Exception as error:  # h5py raises OSError, KeyError, ... for damaged files
         raise UsageError(f"corrupt shard {path}: {error.__class__.__name__}: {error}") from None
     missing = [name for name in names if name not in shapes]
+    if missing and metadata_rows(entry) == 0:
+        return  # an empty shard (older preparations wrote no masked-LM arrays there): nothing to read
     if missing:
         raise UsageError(f"corrupt shard {path}: missing {', '.join(missing)}")
     rows, length = metadata_rows(entry), metadata["max_seq_length"]
+    if "bins" in entry and sum(entry["bins"]) != rows:
+        raise UsageError(f"{METADATA} of {directory}: the length bins of {entry['file']} count "
+                         f"{sum(entry['bins'])} rows, not its {rows} instances")
     if shapes["input_ids"] != (rows, length):
         raise UsageError(f"shard {path} holds input_ids of shape {shapes['input_ids']}, "
                          f"but {METADATA} says ({rows}, {length})")
@@ -140,27 +155,22 @@ def metadata_rows(entry):
     return int(entry["instances"])
 
 
-def load_arrays(directory, files, names, metadata):
-    """Concatenate ``names`` from shard ``files`` (in that order) into memory, each checked.
+def load_rows(directory, entry, start, stop, names, metadata):
+    """Rows [start, stop) of ``names`` from one shard, checked; a dict of arrays.
 
     A damaged or foreign shard is named in a UsageError here, not met later as an
     IndexError (CPU) or a device-side assert that kills the CUDA context (GPU).
     """
     import h5py
-    entries = {entry["file"]: entry for entry in metadata["shards"]}
-    parts = {name: [] for name in names}
-    for file in files:
-        path = Path(directory) / file
-        verify_checksum(path, entries[file])
-        try:
-            with h5py.File(path, "r") as handle:
-                arrays = {name: handle[name][...] for name in names}
-        except Exception as error:
-            raise UsageError(f"corrupt shard {path}: {error.__class__.__name__}: {error}") from None
-        check_values(path, arrays, metadata)
-        for name in names:
-            parts[name].append(arrays[name])
-    return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+    path = Path(directory) / entry["file"]
+    verify_checksum(path, entry)
+    try:
+        with h5py.File(path, "r") as handle:
+            arrays = {name: handle[name][start:stop] for name in names}
+    except Exception as error:
+        raise UsageError(f"corrupt shard {path}: {error.__class__.__name__}: {error}") from None
+    check_values(path, arrays, metadata)
+    return arrays
 
 
 def check_values(path, arrays, metadata):
@@ -176,19 +186,78 @@ def check_values(path, arrays, metadata):
 
 # ----------------------------------------------------------------------------- training data
 
-class PretrainingData:
-    """This rank's examples, epoch by epoch, in a resumable order.
+class ShardStream:
+    """One rank's rows of an epoch, read piece by piece: [(shard entry, start, stop)].
 
-    Files are assigned the NVIDIA way (``assign_files``: shuffled by seed+epoch,
-    rank r takes files r, r+size, ...; strided samples with fewer files than
-    ranks). Every rank computes every rank's sample count from the metadata, so
-    all ranks agree on the number of steps in an epoch without talking.
-    Micro-batch ``(epoch, step, micro)`` is a pure function of those numbers and
-    the seed, which makes resuming exact.
+    Pieces are read in order, each shuffled (seeded by ``key`` and its index),
+    the next one read ahead by ``reader`` (a one-thread executor): memory holds
+    about two pieces. ``rows(position, count)`` is a pure function of the
+    pieces, the key and the position, so a resumed run reads the same rows.
+    """
+
+    def __init__(self, pieces, key, load, reader):
+        self.pieces, self.key, self.load, self.reader = pieces, key, load, reader
+        self.ends = np.cumsum([stop - start for _, start, stop in pieces]).tolist()
+        self.loaded, self.prefetched = {}, None
+
+    def _read(self, index):
+        entry, start, stop = self.pieces[index]
+        order = np.random.default_rng([*self.key, index]).permutation(stop - start)
+        return self.load(entry, start, stop), order
+
+    def piece(self, index):
+        """Piece ``index``, read now or by the prefetch; starts reading the next one."""
+        if index not in self.loaded:
+            waiting, self.prefetched = self.prefetched, None
+            if waiting is not None and waiting[0] == index:
+                self.loaded = {index: waiting[1].result()}
+            else:
+                self.loaded = {index: self._read(index)}
+            if index + 1 < len(self.pieces):
+                self.prefetched = (index + 1, self.reader.submit(self._read, index + 1))
+        return self.loaded[index]
+
+    def piece_at(self, position):
+        return bisect.bisect_right(self.ends, position)
+
+    def rows(self, position, count):
+        """``count`` rows from ``position`` on, across pieces: a list of dicts of arrays."""
+        parts = []
+        while count:
+            index = self.piece_at(position)
+            arrays, order = self.piece(index)
+            offset = position - (self.ends[index - 1] if index else 0)
+            rows = order[offset:offset + count]
+            parts.append({name: array[rows] for name, array in arrays.items()})
+            position, count = position + len(rows), count - len(rows)
+        return parts
+
+
+class PretrainingData:
+    """This rank's examples, epoch by epoch, read shard by shard, in a resumable order.
+
+    Each epoch the shards are shuffled by seed+epoch and laid end to end; rank r
+    takes the r-th of ``size`` equal slices (``assign_rows``), so every instance
+    belongs to exactly one rank. All ranks take the same number of steps,
+    computed from the metadata without talking: the smallest share
+    (num_instances // size) divided by the global batch. The remainder (fewer
+    than size x (batch x accumulation + 1) instances) waits for a later epoch:
+    the shard order and the orders inside the pieces change every epoch.
+
+    A rank reads its pieces (a shard, or part of one where a slice boundary
+    cuts it) one at a time (``ShardStream``): memory holds about two shards, not
+    the epoch. Micro-batch ``(epoch, step, micro)`` is a pure function of those
+    numbers, the seed, rank and size, which makes resuming exact.
+
+    Sequence-length binning (``binned``, shards prepared with --bin-size): the
+    same, bin by bin (each shard holds its rows sorted by bin, counts in the
+    metadata); every step draws from one bin, the same on every rank (a
+    seeded schedule of the bins' steps), and is cut to the bin's longest
+    length, so short sequences are not padded to max_seq_length.
     """
 
     def __init__(self, directory, metadata, rank, size, seed, micro_batch, accumulation,
-                 mlm_probability=0.15):
+                 mlm_probability=0.15, binned=False):
         self.directory = Path(directory)
         self.metadata = metadata
         self.rank, self.size, self.seed = rank, size, seed
@@ -196,40 +265,63 @@ class PretrainingData:
         self.mlm_probability = mlm_probability
         self.static = metadata["masking"] == "static"
         self.special = metadata["special_ids"]
-        self.files = [entry["file"] for entry in metadata["shards"]]
-        self.rows = {entry["file"]: metadata_rows(entry) for entry in metadata["shards"]}
-        self.epoch, self.arrays, self.order = None, None, None
-        self._steps = {}
+        self.entries = metadata["shards"]
+        self.names = ARRAYS + (STATIC_ARRAYS if self.static else ())
+        self.bin_size = metadata.get("bin_size") if binned else None
+        self.bins = self._bins()
+        self.epoch, self.streams, self.schedule = None, None, None
+        self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
 
-    def rank_samples(self, rank, epoch):
-        files, stride = assign_files(self.files, rank, self.size, self.seed, epoch)
-        total = sum(self.rows[f] for f in files)
-        return len(range(rank, total, stride)) if stride > 1 else total
+    def _bins(self):
+        """Per bin: ([rows of that bin in each shard], first row of the bin in each shard, length)."""
+        if not self.bin_size:
+            return [([metadata_rows(e) for e in self.entries], [0] * len(self.entries),
+                     self.metadata["max_seq_length"])]
+        counts = np.array([e["bins"] for e in self.entries], dtype=np.int64).reshape(len(self.entries), -1)
+        firsts = np.cumsum(counts, axis=1) - counts
+        return [(counts[:, b].tolist(), firsts[:, b].tolist(),
+                 min(self.metadata["max_seq_length"], (b + 1) * self.bin_size)) for b in range(counts.shape[1])]
+
+    def _bin_steps(self):
+        return [sum(sizes) // self.size // (self.micro_batch * self.accumulation) for sizes, _, _ in self.bins]
 
     def steps_in_epoch(self, epoch):
-        """Optimizer steps every rank can take in ``epoch`` (the smallest rank decides)."""
-        if epoch not in self._steps:
-            fewest = min(self.rank_samples(r, epoch) for r in range(self.size))
-            self._steps[epoch] = fewest // (self.micro_batch * self.accumulation)
-        return self._steps[epoch]
+        """Optimizer steps every rank takes in an epoch (the smallest share decides)."""
+        return sum(self._bin_steps())
 
-    def start_epoch(self, epoch):
-        files, stride = assign_files(self.files, self.rank, self.size, self.seed, epoch)
-        names = ("input_ids", "segment_ids", "input_mask", "next_sentence_labels")
-        if self.static:
-            names += ("masked_lm_positions", "masked_lm_ids")
-        arrays = load_arrays(self.directory, files, names, self.metadata)
-        if stride > 1:
-            arrays = {k: v[self.rank::stride] for k, v in arrays.items()}
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch * 1_009 + self.rank)
-        self.order = torch.randperm(len(arrays["input_ids"]), generator=generator).numpy()
-        self.epoch, self.arrays = epoch, arrays
+    def start_epoch(self, epoch, step=0):
+        """Plan ``epoch`` and read the piece that optimizer step ``step`` starts in.
+
+        Reading it here lets the caller agree on a damaged shard across ranks.
+        """
+        self.epoch, self.streams = epoch, []
+        for b, (sizes, firsts, _) in enumerate(self.bins):
+            pieces = [(self.entries[shard], firsts[shard] + start, firsts[shard] + stop)
+                      for shard, start, stop in assign_rows(sizes, self.rank, self.size, self.seed, epoch)]
+            self.streams.append(ShardStream(pieces, (self.seed, epoch, self.rank, b), self._load, self.reader))
+        # Step -> (bin, step within the bin): a seeded shuffle of every bin's steps, the same on every rank.
+        bins = np.repeat(np.arange(len(self.bins)), self._bin_steps())
+        bins = bins[np.random.default_rng([self.seed, epoch]).permutation(len(bins))]
+        within = np.zeros(len(bins), dtype=np.int64)
+        for b in range(len(self.bins)):
+            within[bins == b] = np.arange(int((bins == b).sum()))
+        self.schedule = list(zip(bins.tolist(), within.tolist()))
+        if step < len(self.schedule):
+            b, k = self.schedule[step]
+            stream = self.streams[b]
+            stream.piece(stream.piece_at(k * self.accumulation * self.micro_batch))
+
+    def _load(self, entry, start, stop):
+        return load_rows(self.directory, entry, start, stop, self.names, self.metadata)
 
     def batch(self, step, micro):
         """Micro-batch ``micro`` of optimizer step ``step`` (counted within the epoch)."""
-        start = (step * self.accumulation + micro) * self.micro_batch
-        rows = np.sort(self.order[start:start + self.micro_batch])
-        pick = {name: array[rows] for name, array in self.arrays.items()}
+        b, k = self.schedule[step]
+        parts = self.streams[b].rows((k * self.accumulation + micro) * self.micro_batch, self.micro_batch)
+        pick = {name: np.concatenate([part[name] for part in parts]) for name in self.names}
+        length = self.bins[b][2]
+        for name in ("input_ids", "segment_ids", "input_mask"):  # a bin's sequences fit its length
+            pick[name] = pick[name][:, :length]
         if self.static:
             labels = static_labels(pick)
         else:

@@ -1,4 +1,4 @@
-"""Data sharding by rank: resumable training sampler, unpadded validation split."""
+"""Data sharding by rank: resumable training sampler, unpadded validation split, shard rows per rank."""
 import torch
 from torch.utils.data import Sampler
 
@@ -62,14 +62,22 @@ class UnpaddedShardSampler(Sampler):
         return len(self.indices)
 
 
-def assign_files(files, rank, size, seed, epoch):
-    """NVIDIA's shard assignment: shuffle the file list by seed+epoch, rank r takes r, r+size, ...
+def assign_rows(sizes, rank, size, seed, epoch):
+    """This rank's share of an epoch over files of ``sizes`` rows: [(file index, start, stop)].
 
-    Returns (files for this rank, sample stride): with fewer files than ranks
-    every rank reads every file and keeps every ``size``-th sample instead.
+    The files are shuffled by seed+epoch (as NVIDIA's shard assignment) and laid
+    end to end; rank r takes rows [r*N/size, (r+1)*N/size) of that sequence. Every
+    row belongs to exactly one rank and ranks hold N//size or N//size + 1 rows,
+    whether or not the number of files divides by the number of ranks; a file
+    that straddles two ranks' ranges is read in part by each.
     """
-    order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed + epoch))
-    shuffled = [files[i] for i in order.tolist()]
-    if len(files) >= size:
-        return shuffled[rank::size], 1
-    return shuffled, size
+    order = torch.randperm(len(sizes), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    total = sum(sizes)
+    low, high = rank * total // size, (rank + 1) * total // size
+    pieces, start = [], 0
+    for index in order:
+        stop = start + sizes[index]
+        if max(start, low) < min(stop, high):
+            pieces.append((index, max(start, low) - start, min(stop, high) - start))
+        start = stop
+    return pieces
