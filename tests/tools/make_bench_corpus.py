@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Build an offline text corpus of a given size for measuring prepare_bert_data.py.
 
-    python tools/make_bench_corpus.py --megabytes 200 --files 16 --output /tmp/bench-corpus
+    python tests/tools/make_bench_corpus.py --megabytes 200 --files 16 --output /tmp/bench-corpus
 
 Text: the embedded corpus (CPython's pydoc_data.topics) plus the README, METADATA,
 *.md, *.rst and *.txt files the installed packages ship (site-packages and
@@ -17,7 +17,7 @@ import site
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from hvdtrain.bert_corpus import default_corpus_documents  # noqa: E402
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
