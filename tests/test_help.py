@@ -101,6 +101,8 @@ OTHER_PROGRAMS = {
     "pip, venv": {"--no-binary", "--no-deps", "--no-build-isolation", "--system-site-packages"},
     "scripts/setup/setup.sh": {"--dry-run"},
     "slurm/submit_bert_phases.sh": {"--phase1", "--phase2", "--phase1-data", "--phase2-data", "--sbatch"},
+    "tests/tools/make_bench_corpus.py": {"--megabytes", "--files"},
+    "tests/tools/make_synthetic_shards.py": {"--tokenizer", "--shards", "--rows"},
 }
 
 
