@@ -408,6 +408,10 @@ def scaling(args):
 def compare(args):
     """The issue every Horovod user asks first, answered side by side: ratios of medians."""
     args.output_dir.mkdir(parents=True, exist_ok=True)
+    if "--threads" not in args.train_args:
+        # Every run gets one worker's share of the cores, so that one worker is the
+        # fair base of the N-worker runs (weak scaling), not a worker with N times the threads.
+        args.train_args = [*args.train_args, "--threads", str(max(1, (os.cpu_count() or 1) // args.np))]
     horovod_args = [*args.train_args, *shlex.split(args.horovod_args)]
     kinds = {  # name: (workers, train arguments, under horovodrun)
         "horovod": (args.np, horovod_args, True),
