@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -42,6 +43,7 @@ from hvdtrain.run import add_horovod_diagnostics
 CNN_MODELS = {"resnet20": (32, 10), "resnet56": (32, 10), "resnet18": (224, 1000), "resnet50": (224, 1000),
               "convnet": (32, 10)}  # name -> (image size, classes)
 BERT_MODELS = {f"bert-{name}": name for name in bert_models.PRESETS}
+CHUNKS = 5  # allreduce timings: the median of this many chunks of iterations
 KNOB_VARIABLES = {"fusion_threshold_mb": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME"}
 
 
@@ -328,7 +330,7 @@ def message_sizes(smallest, largest, factor):
 
 
 def time_allreduce(library, dtype, size, budget, backend, hvd, mpi):
-    """Seconds per allreduce of ``size`` bytes: the slowest rank's mean over the iterations."""
+    """Seconds per allreduce of ``size`` bytes: the slowest rank's median over chunks of iterations."""
     elements = max(1, size // (4 if dtype == "float32" else 2))
     tensor = torch.ones(elements, dtype=getattr(torch, dtype))
     array = tensor.numpy()
@@ -347,13 +349,15 @@ def time_allreduce(library, dtype, size, budget, backend, hvd, mpi):
     started = time.perf_counter()
     once()
     estimate = backend.sum([time.perf_counter() - started if backend.rank == 0 else 0.0])[0]
-    iterations = max(5, min(10_000, int(budget / max(estimate, 1e-6))))
+    per_chunk = max(1, min(2_000, int(budget / CHUNKS / max(estimate, 1e-6))))
     backend.barrier()
-    started = time.perf_counter()
-    for _ in range(iterations):
-        once()
-    mean = (time.perf_counter() - started) / iterations
-    return max_over_ranks(mean, backend, hvd)
+    chunk_means = []
+    for _ in range(CHUNKS):  # the median chunk: a scheduler hiccup on 2 busy cores spoils one chunk, not all
+        started = time.perf_counter()
+        for _ in range(per_chunk):
+            once()
+        chunk_means.append((time.perf_counter() - started) / per_chunk)
+    return max_over_ranks(statistics.median(chunk_means), backend, hvd)
 
 
 def mpi_in_place():
