@@ -179,8 +179,10 @@ def test_train_cnn_sbatch_every_launcher_and_requeue_matches_uninterrupted(
         slurm_cluster, need_horovod, need_mpi, tmp_path):
     """srun runs straight through; srun, mpirun and horovodrun runs get USR1 mid-run,
     checkpoint, are requeued, resume, and end with bit-identical weights."""
-    steps = 60
-    common = ["--model", "convnet", "--dataset", "digits", "--epochs", "2", "--max-steps", steps,
+    # Long enough (about 7 s on an idle machine) that USR1 always lands mid-run: with 60 steps
+    # the run could finish before the signal arrived.
+    steps = 200
+    common = ["--model", "convnet", "--dataset", "digits", "--epochs", "5", "--max-steps", steps,
               "--keep-checkpoints", "1"]
     runs = {"uninterrupted": "srun", "srun": "srun", "mpirun": "mpirun", "horovodrun": "horovodrun"}
     jobs = {name: submit(slurm_cluster, SLURM / "train_cnn.sbatch", tmp_path / f"{name}.out",
