@@ -223,10 +223,27 @@ class SlurmCluster:
         assert submitted.returncode == 0, submitted.describe()
         return submitted.output.strip().split(";")[0].splitlines()[-1]
 
-    def job(self, job_id):
-        """The job's fields from `scontrol show job` ({} once Slurm forgot it)."""
-        shown = run(["scontrol", "-o", "show", "job", job_id], env=self.env(), check=False)
-        return parse_job(shown.stdout) if shown.returncode == 0 else {}
+    def job(self, job_id, patience=60):
+        """The job's fields from `scontrol show job` ({} once Slurm forgot it).
+
+        A busy slurmctld on a loaded machine sometimes answers with an error or not
+        at all; such answers are retried for ``patience`` seconds rather than read as
+        "the job is gone" (a CI run failed on one)."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                shown = run(["scontrol", "-o", "show", "job", job_id], env=self.env(), check=False)
+            except subprocess.TimeoutExpired as timeout:
+                problem = f"no answer in {timeout.timeout} s"
+            else:
+                if shown.returncode == 0:
+                    return parse_job(shown.stdout)
+                problem = (shown.stdout + shown.stderr).strip()
+                if "Invalid job id" in problem:
+                    return {}
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"scontrol show job {job_id} kept failing for {patience} s: {problem}")
+            time.sleep(1)
 
     def queue(self):
         listed = run(["squeue", "-h", "-o", "%i %T"], env=self.env(), check=False).stdout
