@@ -88,29 +88,13 @@ class DdpBackend:
             raise UsageError("--baseline ddp runs one backward pass per allreduce: drop --accumulation-steps",
                              on_every_rank=True)
         self.fp16 = args.fp16_allreduce
-        address = rendezvous_with_horovod()
+        address, self.rank, self.size, self.local_rank, self.local_size = rendezvous_with_horovod()
         self.device = pick_device(args.cpu, self.local_rank)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         torch_dist.init_process_group(backend, init_method=f"tcp://{address}", rank=self.rank,
                                       world_size=self.size)
         self.threads = threads_for(self.local_size, args.threads)
         torch.set_num_threads(self.threads)
-
-    @property
-    def rank(self):
-        return int(os.environ["BENCH_RANK"])
-
-    @property
-    def size(self):
-        return int(os.environ["BENCH_SIZE"])
-
-    @property
-    def local_size(self):
-        return int(os.environ["BENCH_LOCAL_SIZE"])
-
-    @property
-    def local_rank(self):
-        return int(os.environ["BENCH_LOCAL_RANK"])
 
     def wrap(self, module, named_parameters, optimizer):
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -137,16 +121,12 @@ class DdpBackend:
 
 
 def rendezvous_with_horovod():
-    """host:port of a free port on rank 0, agreed through Horovod, which then shuts down.
-
-    Rank, size and local size are kept in BENCH_* variables for the DDP run.
-    """
+    """(host:port of a free port on rank 0, rank, size, local rank, local size), agreed
+    through Horovod, which then shuts down: the DDP run uses only torch.distributed."""
     hvd.init()  # Horovod: only to learn ranks and share an address
-    address = shared_rendezvous_address()
-    os.environ.update(BENCH_RANK=str(hvd.rank()), BENCH_SIZE=str(hvd.size()),
-                      BENCH_LOCAL_SIZE=str(hvd.local_size()), BENCH_LOCAL_RANK=str(hvd.local_rank()))
+    layout = (shared_rendezvous_address(), hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
     hvd.shutdown()
-    return address
+    return layout
 
 
 def shared_rendezvous_address():
