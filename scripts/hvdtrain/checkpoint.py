@@ -221,8 +221,8 @@ class Checkpointer:
 
     def save(self, step, settings, is_best=False, extra=None):
         """Write checkpoint ``step`` (rank 0); every rank waits until it is on disk."""
-        ranks = hvd.allgather_object({name: part.state_dict() for name, part in self.per_rank.items()},
-                                     name="checkpoint.ranks")  # Horovod: every rank's entry
+        ranks = dist.gather_object_to_root({name: part.state_dict() for name, part in self.per_rank.items()},
+                                           name="checkpoint.ranks")  # every rank's entry, on rank 0
         with self.ctx.watchdog.phase("writing a checkpoint"), self.shared_view():
             if self.ctx.is_main:
                 state = {"format": FORMAT, **{name: part.state_dict() for name, part in self.shared.items()},

@@ -5,6 +5,7 @@
 """
 import contextlib
 import os
+import pickle
 import random
 import socket
 import sys
@@ -267,9 +268,21 @@ def _python_rng_to_plain(python_state):
     return [version, list(internal), gauss]
 
 
-def gather_rng_states():
-    """Every rank's RNG state, gathered to all ranks (saved by rank 0)."""
-    return hvd.allgather_object(rng_state(), name="rng_states")  # Horovod: one entry per rank.
+def gather_object_to_root(obj, name):
+    """Every rank's ``obj``, in rank order, on rank 0 (None on the other ranks).
+
+    hvd.allgather_object would send every rank's entry to every rank: at 512 ranks
+    each would receive and unpickle all 512 entries (per-rank checkpoint state,
+    tens of KB each) at every checkpoint. Horovod has no gather, but an alltoall in
+    which each rank sends all of its bytes to rank 0 and none to the others is one.
+    """
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    splits = torch.zeros(hvd.size(), dtype=torch.int32)
+    splits[0] = payload.numel()
+    received, sizes = hvd.alltoall(payload, splits=splits, name=name)  # Horovod
+    if hvd.rank() != 0:
+        return None
+    return [pickle.loads(piece.numpy().tobytes()) for piece in torch.split(received, sizes.tolist())]
 
 
 def broadcast_object(obj, root_rank=0, name=None):
