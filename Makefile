@@ -25,7 +25,7 @@ demo-bert: setup
 	    --model tiny --output-dir runs/demo-bert --no-resume
 
 test: setup test-deps
-	$(VENV)/bin/python -m pytest -ra tests
+	$(VENV)/bin/python -m pytest -ra --durations=30 tests
 
 clean:
 	rm -rf runs .pytest_cache

@@ -136,18 +136,27 @@ def build_vocabulary(args, files):
 
 
 def tokenize_my_files(args, files, world, tokenizer, scratch):
-    """Pass 1: this rank's contiguous range of input files (balanced by size) into its token store.
+    """Pass 1: this rank's share of the input into its token store.
 
-    Returns (documents stored, characters read).
+    Shares are equal byte ranges of the input files read as one stream (a rank
+    takes the documents that start in its range), so one 20 GB file is tokenized
+    by every rank, not by one. Returns (documents stored, characters read).
     """
-    sizes = [1] if files is None else [f.stat().st_size for f in files]
-    first, last = prepare.contiguous_ranges(sizes, world.size)[world.rank]
     writer = prepare.TokenStoreWriter(prepare.store_prefix(scratch, world.rank),
                                       prepare.token_dtype(len(tokenizer)))
-    characters = prepare.tokenize_sources((load_documents(files, i) for i in range(first, last)),
-                                          tokenizer, writer)
+    characters = prepare.tokenize_sources([my_documents(files, world)], tokenizer, writer)
     writer.close()
     return writer.documents, characters
+
+
+def my_documents(files, world):
+    """This rank's contiguous share of the corpus's documents, in corpus order."""
+    if files is None:  # the embedded corpus is small and in memory: split it by documents
+        documents = corpus.default_corpus_documents()
+        return documents[world.rank * len(documents) // world.size:(world.rank + 1) * len(documents) // world.size]
+    total = sum(f.stat().st_size for f in files)
+    start, stop = (total * r // world.size for r in (world.rank, world.rank + 1))
+    return corpus.documents_in_byte_range(files, start, stop)
 
 
 def check_document_count(total):
@@ -268,7 +277,8 @@ def main(argv=None):
         bert_data.write_metadata(args.output_dir, info)
         print(f"wrote {info['num_instances']} instances (seq {args.max_seq_length}, {args.masking} masking) "
               f"in {len(shards)} shards to {args.output_dir} on {world.size} rank(s) "
-              f"in {time.time() - start:.1f} s ({timer.summary()})", flush=True)
+              f"in {time.time() - start:.1f} s ({timer.summary()}; documents tokenized per rank: "
+              f"{' '.join(map(str, counts))})", flush=True)
     world.barrier()
 
 

@@ -2,6 +2,7 @@
 2 Horovod ranks, export, resume, phase 2, preemption signals, bad input."""
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -73,7 +74,7 @@ def pretrained(data_dir, tmp_path_factory):
 
 # ----------------------------------------------------------------------------- data preparation
 
-@pytest.mark.parametrize("source", ["embedded corpus", "unequal text files"])
+@pytest.mark.parametrize("source", ["embedded corpus", "unequal text files", "one large file"])
 def test_prepare_under_mpirun_writes_the_single_process_shards(source, tmp_path, need_mpi):
     """Issue 9: shards used to follow each rank's input (896, 378, 902, ... instances)."""
     need_mpi4py()
@@ -89,9 +90,16 @@ def test_prepare_under_mpirun_writes_the_single_process_shards(source, tmp_path,
             (tmp_path / "text" / f"part{part:02d}.txt").write_text(text + "\n")
         args += ["--input", tmp_path / "text"]
         ranks = 3
+    if source == "one large file":  # every rank tokenizes a part of it, not just the first
+        from hvdtrain.bert_corpus import default_corpus_documents
+        (tmp_path / "corpus.txt").write_text("\n\n".join("\n".join(d) for d in default_corpus_documents()) + "\n")
+        args += ["--input", tmp_path / "corpus.txt"]
+        ranks = 3
     ok(python([PREPARE, "--output-dir", tmp_path / "one", *args], timeout=120))
-    ok(launch(["mpirun", "-np", str(ranks), sys.executable, PREPARE, "--output-dir", tmp_path / "many", *args],
-              timeout=180))
+    many_run = ok(launch(["mpirun", "--oversubscribe", "-np", str(ranks), sys.executable, PREPARE,
+                          "--output-dir", tmp_path / "many", *args], timeout=180))
+    per_rank = re.search(r"documents tokenized per rank: ([\d ]+)\)", many_run.output).group(1).split()
+    assert len(per_rank) == ranks and all(int(count) > 0 for count in per_rank), per_rank
     one = json.loads((tmp_path / "one" / "metadata.json").read_text())
     many = json.loads((tmp_path / "many" / "metadata.json").read_text())
     assert many["world_size"] == ranks and one["world_size"] == 1

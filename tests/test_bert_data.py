@@ -218,9 +218,30 @@ def test_random_next_segments_come_from_other_documents_of_the_whole_corpus(tmp_
     assert len(sources) == 6  # from every document, on both ranks' stores
 
 
-def test_preparation_splits_work_into_contiguous_balanced_ranges():
-    assert prepare.contiguous_ranges([1] * 10, 3) == [(0, 3), (3, 7), (7, 10)]
-    assert prepare.contiguous_ranges([5], 3) == [(0, 0), (0, 1), (1, 1)]  # fewer files than ranks
+def test_byte_ranges_of_the_input_read_every_document_exactly_once(tmp_path):
+    """Tokenizing is split by bytes, not files: any cut points over the files read as
+    one stream give every document once, whole, in order (one big file included)."""
+    texts = ["one a\none b\n\n\ntwo a\r\n  \t\r\nthree a\nthree b\nthree c\n",  # CRLF, blank with spaces
+             "",  # an empty file
+             "four a\n\nfive a\nfive b",  # no final newline
+             "\n\nsix a\n" + "six long " * 8000 + "\n\nseven a\n"]  # a line longer than a read chunk
+    files = []
+    for index, text in enumerate(texts):
+        files.append(tmp_path / f"part{index}.txt")
+        files[-1].write_bytes(text.encode())
+    everything = [d for f in files for d in corpus.read_documents(f)]
+    assert [d[0] for d in everything] == ["one a", "two a", "three a", "four a", "five a", "six a", "seven a"]
+    total = sum(len(t.encode()) for t in texts)
+    rng = random.Random(0)
+    for parts in range(1, 9):
+        for _ in range(20):
+            cuts = sorted([0, total, *(rng.randrange(total) for _ in range(parts - 1))])
+            read = [d for start, stop in zip(cuts, cuts[1:])
+                    for d in corpus.documents_in_byte_range(files, start, stop)]
+            assert read == everything, cuts
+    for cut in [*range(120), *range(total - 40, total + 1)]:  # every cut near the short lines
+        assert [*corpus.documents_in_byte_range(files, 0, cut),
+                *corpus.documents_in_byte_range(files, cut, total)] == everything, cut
 
 
 def test_length_bins_give_every_rank_the_same_bin_at_each_step(tmp_path):

@@ -43,22 +43,70 @@ def input_files(paths):
     return files
 
 
-def read_documents(path):
+def read_documents(path, start=0, stop=None):
     """A text file's documents, one at a time (a file may be larger than memory).
 
-    Blank lines separate documents; each line is a sentence (or paragraph).
+    Blank lines separate documents; each line (ending in a newline) is a sentence
+    (or paragraph). With ``start``/``stop``: only the documents whose first line
+    begins at a byte offset in [start, stop), read whole even past ``stop``: ranks
+    given adjacent byte ranges of one large file read every document exactly once.
     """
-    current = []
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            line = line.strip()
-            if line:
+    with open(path, "rb") as handle:
+        position = _first_line_at_or_after(handle, start)
+        # A line that starts in the range but continues a document begun before it
+        # belongs to an earlier range: skip lines up to the next blank one.
+        inside_earlier = position > 0 and not _line_before_is_blank(handle, position)
+        handle.seek(position)
+        current = []
+        for raw in handle:
+            line_start, position = position, position + len(raw)
+            line = raw.decode("utf-8", errors="replace").strip()
+            if not line:
+                if current:
+                    yield current
+                    current = []
+                inside_earlier = False
+            elif not inside_earlier:
+                if not current and stop is not None and line_start >= stop:
+                    return  # the next document starts in a later range
                 current.append(line)
-            elif current:
-                yield current
-                current = []
-    if current:
-        yield current
+        if current:
+            yield current
+
+
+def _first_line_at_or_after(handle, offset):
+    """Byte offset of the first line that starts at or after ``offset``."""
+    if offset <= 0:
+        return 0
+    handle.seek(offset - 1)
+    handle.readline()  # the rest of the line holding byte offset-1 (just "\n" if it ends there)
+    return handle.tell()
+
+
+def _line_before_is_blank(handle, position, chunk=1 << 16):
+    """Whether the line that ends just before ``position`` (a line start) is blank."""
+    end, tail = position - 1, b""  # the byte before ``position`` is that line's newline
+    while end > 0:
+        begin = max(0, end - chunk)
+        handle.seek(begin)
+        tail = handle.read(end - begin) + tail
+        newline = tail.rfind(b"\n")
+        if newline >= 0:
+            tail = tail[newline + 1:]
+            break
+        end = begin
+    return not tail.decode("utf-8", errors="replace").strip()
+
+
+def documents_in_byte_range(files, start, stop):
+    """The documents of ``files`` (read as one stream, in order) whose first line
+    starts in [start, stop) of that stream. A file always starts a document."""
+    offset = 0
+    for path in files:
+        size = Path(path).stat().st_size
+        if offset < stop and offset + size > start:
+            yield from read_documents(path, max(0, start - offset), stop - offset)
+        offset += size
 
 
 def default_corpus_documents():

@@ -2,8 +2,8 @@
 
 scripts/prepare_bert_data.py runs three passes, each rank on its share:
 
-1. tokenize: each rank tokenizes a contiguous range of the input files into a
-   token store (three flat files in a scratch directory beside the shards).
+1. tokenize: each rank tokenizes the documents that start in its equal byte
+   range of the input (the files read as one stream) into a token store (three flat files in a scratch directory beside the shards).
    Documents are then numbered across the whole corpus, in input order.
 2. instances: each rank makes the instances of a contiguous range of documents;
    a "random next" segment is read from any rank's store (``TokenStore``), so it
@@ -31,19 +31,6 @@ from . import bert_corpus as corpus
 SCRATCH_DIR = ".prepare-scratch"
 TOKENIZE_CHUNK = 20_000   # sentences per Rust batch call
 FLUSH_ROWS = 8192         # instances buffered before they are appended to the shard parts
-
-
-def contiguous_ranges(weights, parts):
-    """Split items with ``weights`` into ``parts`` contiguous [start, stop) ranges of similar weight.
-
-    Each item goes to the part its midpoint falls in; some parts may be empty.
-    """
-    total = sum(weights) or 1
-    owners, before = [], 0
-    for weight in weights:
-        owners.append(min(parts - 1, int(parts * (before + weight / 2) / total)))
-        before += weight
-    return [(bisect.bisect_left(owners, p), bisect.bisect_right(owners, p)) for p in range(parts)]
 
 
 # ----------------------------------------------------------------------------- pass 1: token store
@@ -108,7 +95,7 @@ class TokenStore:
     """Every rank's token store, read with pread: document ``d`` of the whole corpus on demand.
 
     ``counts[r]`` is the number of documents rank r stored; documents are
-    numbered rank by rank, which is corpus order since ranks took contiguous files.
+    numbered rank by rank, which is corpus order since ranks took contiguous byte ranges.
     Reading by pread keeps only the documents asked for in memory.
     """
 
