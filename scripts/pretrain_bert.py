@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from hvdtrain import bert_data, bert_models, checkpoint, cli, dist, optim
+from hvdtrain import bert_data, bert_models, checkpoint, cli, consistency, dist, optim
 from hvdtrain import run as run_skeleton
 from hvdtrain.cli import UsageError
 from hvdtrain.metrics import SumMeter, Throughput, rate_text, total_throughput
@@ -177,19 +177,24 @@ def load_init_weights(args, model, init):
                          f"{first[0].strip()}") from None
 
 
-def train_step(args, ctx, data, step_in_epoch, objective, model, optimizer, scaler, amp_dtype, meter):
+def train_step(args, ctx, data, step_in_epoch, objective, model, optimizer, scaler, amp_dtype, meter,
+               guard=None):
     """One optimizer update over the accumulated micro-batches; returns (sequences, tokens).
 
     ``objective(batch)`` gives ``bert_models.pretraining_sums`` (directly, or
-    through DDP in scripts/benchmark.py).
+    through DDP in scripts/benchmark.py). ``guard``: a nonfinite.NonFiniteGuard
+    (a NaN/Inf loss skips the update on every rank, or stops the run).
     """
     sequences = tokens = 0
+    before = meter.state_dict()  # a skipped step adds nothing to the metrics
     for micro in range(args.accumulation_steps):
         batch = {k: v.to(ctx.device, non_blocking=True) for k, v in data.batch(step_in_epoch, micro).items()}
         autocast = (torch.autocast(ctx.device.type, dtype=amp_dtype) if amp_dtype else nullcontext())
         with autocast:
             sums = objective(batch)
         loss = bert_models.training_loss(sums) / args.accumulation_steps
+        if guard is not None:
+            loss = guard.watch(loss)
         scaler.scale(loss).backward()  # Horovod: the allreduce starts after the last micro-batch
         meter.add("mlm_loss", sums["mlm_loss"], sums["mlm_count"])
         meter.add("mlm_accuracy", sums["mlm_correct"], sums["mlm_count"])
@@ -197,7 +202,9 @@ def train_step(args, ctx, data, step_in_epoch, objective, model, optimizer, scal
         meter.add("nsp_accuracy", sums["nsp_correct"], sums["nsp_count"])
         sequences += sums["nsp_count"]
         tokens += int(batch["attention_mask"].sum())
-    optim.finish_step(optimizer, scaler, args.max_grad_norm, model.parameters())  # Horovod: averaged here
+    # Horovod: the gradients are averaged here; False: skipped on every rank (a NaN/Inf loss)
+    if not optim.finish_step(optimizer, scaler, args.max_grad_norm, model.parameters(), guard):
+        meter.load_state_dict(before)
     return sequences, tokens
 
 
@@ -251,6 +258,8 @@ def main(argv=None):
     metadata, config, init = dist.agree_on_errors(load_setup, args, ctx)
     amp_dtype, use_scaler = dist.agree_on_errors(autocast_settings, args, ctx)
     settings = resolved_settings(args, ctx, metadata, config, amp_dtype)
+    consistency.check_ranks_agree(settings, {"shards_sha256": consistency.digest(  # same job on every rank
+        f"{entry['file']} {entry['instances']} {entry.get('sha256', '')}" for entry in metadata["shards"])})
     dist.seed_everything(settings.seed)  # the same initial weights on every rank
     model = bert_models.build_model(config).to(ctx.device)
     encoder = torch.compile(model.bert) if settings.compile else model.bert
@@ -296,7 +305,7 @@ def main(argv=None):
         first_compiled = settings.compile and not tokens.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():
             done = train_step(settings, ctx, data, state.step_in_epoch, objective, model, optimizer, scaler,
-                              amp_dtype, meter)
+                              amp_dtype, meter, run.nonfinite)
         scheduler.step()
         tokens.step(done[1])
         reason = run.step_done(done[0])

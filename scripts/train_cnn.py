@@ -11,6 +11,7 @@ so N workers with batch b train like one worker with batch N*b. Checkpoints hold
 everything needed to continue at the exact next batch (see --resume).
 """
 import argparse
+import os
 import time
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 import horovod.torch as hvd
 
-from hvdtrain import batchnorm, cli, dist, images, optim, signals
+from hvdtrain import batchnorm, cli, consistency, dist, images, optim, signals
 from hvdtrain import run as run_skeleton
 from hvdtrain.cli import UsageError
 from hvdtrain.metrics import SumMeter, rate_text, topk_correct, total_throughput
@@ -120,6 +121,15 @@ def load_data(args, ctx):
     return data
 
 
+def data_facts(args, train_set, val_set):
+    """What every rank's data must share beyond the settings' train_samples and num_classes."""
+    facts = {"val_samples": len(val_set)}
+    if isinstance(train_set, images.ImageFolder):  # its files, relative to --data (a per-node path)
+        facts["image_files_sha256"] = consistency.digest(
+            f"{os.path.relpath(path, args.data)} {label}" for path, label in train_set.samples + val_set.samples)
+    return facts
+
+
 @dataclass
 class Trainer:
     model: nn.Module
@@ -142,12 +152,16 @@ class Trainer:
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp)
 
-    def train_step(self, images_batch, targets, meter):
+    def train_step(self, images_batch, targets, meter, guard=None):
+        """One optimizer step; ``guard``: a nonfinite.NonFiniteGuard (skips or stops on NaN/Inf)."""
         images_batch, targets = self.to_device(images_batch, targets)
+        before = meter.state_dict()  # a skipped step adds nothing to the metrics
         for x, y in zip(images_batch.chunk(self.passes), targets.chunk(self.passes)):
             with self.autocast():
                 logits = self.model(x)
                 loss = self.criterion(logits, y)
+            if guard is not None:
+                loss = guard.watch(loss)
             # Horovod: gradients of `passes` backward calls add up locally, then
             # one allreduce averages them; dividing keeps the loss a mean.
             self.scaler.scale(loss / self.passes).backward()
@@ -159,9 +173,12 @@ class Trainer:
             # combines the ranks' weight deltas.
             self.optimizer.step()
             self.optimizer.zero_grad()
-        else:
-            optim.finish_step(self.optimizer, self.scaler)  # Horovod: the allreduce finishes here
-        self.scheduler.step()
+            if guard is not None:
+                guard.skip_step(can_skip=False)  # too late to skip: a non-finite loss stops the run
+        # Horovod: the allreduce finishes here; False: skipped on every rank (a NaN/Inf loss)
+        elif not optim.finish_step(self.optimizer, self.scaler, guard=guard):
+            meter.load_state_dict(before)
+        self.scheduler.step()  # a skipped step moves the schedule on too, as GradScaler's do
 
     @torch.no_grad()
     def evaluate(self, loader, beat):
@@ -234,7 +251,7 @@ def train_epoch(run, trainer, train_data, meter):
     with run.ctx.watchdog.phase("starting the data loader"):  # worker processes import torch
         batches = iter(loader)
     for images_batch, targets in batches:
-        trainer.train_step(images_batch, targets, meter)
+        trainer.train_step(images_batch, targets, meter, run.nonfinite)
         reason = run.step_done(len(targets))
         if reason:
             return reason
@@ -282,6 +299,7 @@ def main():
     train_set, val_set, num_classes, channels = dist.agree_on_errors(load_data, args, ctx)
     settings = Settings({**vars(args), "world_size": ctx.size, "scaled_lr": used_lr(args, ctx),
                          "train_samples": len(train_set), "num_classes": num_classes})
+    consistency.check_ranks_agree(settings, data_facts(args, train_set, val_set))  # same job on every rank
 
     step_batch = settings.batch_size * settings.accumulation_steps
     sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, step_batch, settings.seed)

@@ -33,6 +33,8 @@ def make_hostfile(args, env=None):
     ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
     ("single", ["single"]),
     ("a.example.org,10.0.0.7", ["a.example.org", "10.0.0.7"]),
+    ("n[1-2],n1", ["n1", "n2", "n1"]),  # a repeat is kept: its slots add up
+    ("a, b[1-2]", ["a", "b1", "b2"]),
 ])
 def test_expand_nodelist(nodelist, expected):
     assert hostlib.expand_nodelist(nodelist) == expected
@@ -44,6 +46,9 @@ def test_expand_nodelist(nodelist, expected):
     ("node[4-1]", "runs backwards"),
     ("node[a-b]", "bad range"),
     ("no de", "bad host name"),
+    ("n[1-[2]]", "nested brackets"),
+    ("n[1-400]m[1-400]", "more than 100000 names"),
+    (",", "no host names"),
 ])
 def test_expand_nodelist_errors(nodelist, message):
     with pytest.raises(UsageError) as raised:
@@ -55,6 +60,7 @@ def test_expand_nodelist_errors(nodelist, message):
     ("2(x3),1", 4, [2, 2, 2, 1]),
     ("4", 3, [4, 4, 4]),
     ("1,3(x2)", 3, [1, 3, 3]),
+    ("1, 3(x2)", 3, [1, 3, 3]),
 ])
 def test_expand_tasks_per_node(spec, nodes, expected):
     assert hostlib.expand_tasks_per_node(spec, nodes) == expected

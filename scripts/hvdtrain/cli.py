@@ -23,6 +23,8 @@ class UsageError(Exception):
     ``dist.agree_on_errors``): then only the first rank prints it.
     """
 
+    exit_status = USAGE_ERROR_EXIT  # a subclass may report another (nonfinite.RunStopped)
+
     def __init__(self, message, on_every_rank=False):
         super().__init__(message)
         self.on_every_rank = on_every_rank
@@ -36,8 +38,8 @@ def launcher_rank():
     return 0
 
 
-def fail(message, prog=None, every_rank_fails=True):
-    """Print one line naming the problem and exit with status 2.
+def fail(message, prog=None, every_rank_fails=True, status=USAGE_ERROR_EXIT):
+    """Print one line naming the problem and exit with ``status`` (2: bad input).
 
     When every rank fails the same way only the first one prints.
     """
@@ -45,7 +47,7 @@ def fail(message, prog=None, every_rank_fails=True):
         prog = prog or os.path.basename(sys.argv[0])
         print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     _ignore_termination_while_exiting()
-    sys.exit(USAGE_ERROR_EXIT)
+    sys.exit(status)
 
 
 def _ignore_termination_while_exiting():
@@ -175,4 +177,4 @@ def run_main(main):
     try:
         main()
     except UsageError as error:
-        fail(str(error), every_rank_fails=error.on_every_rank)
+        fail(str(error), every_rank_fails=error.on_every_rank, status=error.exit_status)

@@ -235,6 +235,12 @@ def any_rank_true(flag):
     return int(hvd.allreduce(value, op=hvd.Max, name="any_rank_true").item()) == 1
 
 
+def ranks_where(flag):
+    """The ranks where ``flag`` is true, the same list on every rank (one tiny allgather)."""
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    return [rank for rank, bit in enumerate(hvd.allgather(value, name="ranks_where").tolist()) if bit]
+
+
 def rng_state():
     """This rank's random-number-generator states, as tensors and plain values.
 

@@ -16,10 +16,13 @@ the line. horovodrun's own ``--hostfile`` reader is stricter than the rest: it
 cannot skip comments or blank lines and needs ``slots=`` on every line, so the
 ``horovodrun`` input format checks exactly that.
 
-Pure Python (no torch, no Horovod): the host tools run anywhere, fast.
+Pure Python (no torch, no Horovod; python-hostlist is pure Python too): the host
+tools run anywhere, fast.
 """
 import re
 from dataclasses import dataclass, field
+
+import hostlist  # python-hostlist: Slurm host list syntax
 
 from .cli import UsageError
 
@@ -41,81 +44,70 @@ class Host:
 
 
 # ---------------------------------------------------------------- nodelists
+# Slurm's host list syntax is python-hostlist's (the library LLNL/NSC tools use);
+# what it leaves to us: checking each name, our error wording, and counts per node.
+_HOSTLIST_REASONS = {
+    "start > stop": "a range runs backwards",
+    "bad range": "bad range (ranges are N or N-M)",
+    "results too large": "more than 100000 names",
+    "range too large": "a range of more than 100000 names",
+}
+
+
 def expand_nodelist(text, where="nodelist"):
     """Slurm's compressed host list -> host names, in order.
 
     ``node[01-04]`` -> node01..node04 (zero padding kept), ``gpu-a[1,3-5],gpu-b7``
     -> gpu-a1, gpu-a3, gpu-a4, gpu-a5, gpu-b7; several brackets in one name
     (``r[1-2]n[1-2]``) expand in order, like `scontrol show hostnames`.
+    Repeats are kept: a host listed twice has its slots added (see ``merge``).
     """
-    names = []
-    for item in _split_top_level(text.strip(), where):
-        names.extend(_expand_item(item, where))
+    names = _expand(text, where)
+    for name in names:
+        _check_name(name, where, text)
+    return names
+
+
+def _expand(text, where):
+    """python-hostlist's expansion, stripped of blanks ("a, b" as "a,b"); at least one name."""
+    try:
+        expanded = hostlist.expand_hostlist(text, allow_duplicates=True)
+    except hostlist.BadHostlist as error:
+        raise UsageError(f"{where}: {_hostlist_reason(str(error), text)} in {text!r}") from None
+    names = [name.strip() for name in expanded if name.strip()]
     if not names:
         raise UsageError(f"{where}: no host names in {text!r}")
     return names
 
 
-def _split_top_level(text, where):
-    """Split on commas outside brackets."""
-    items, depth, current = [], 0, ""
-    for char in text:
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
+def _check_name(name, where, text):
+    # python-hostlist takes any characters ("no de" is one name): we do not.
+    if not _HOST_RE.match(name):
+        raise UsageError(f"{where}: bad host name {name!r} in {text!r}")
+
+
+def _hostlist_reason(reason, text):
+    """python-hostlist's reason in our words; it does not say which bracket is unbalanced."""
+    if reason == "unbalanced brackets":
+        depth = 0
+        for char in text:
+            depth += {"[": 1, "]": -1}.get(char, 0)
             if depth < 0:
-                raise UsageError(f"{where}: unbalanced ']' in {text!r}")
-        if char == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += char
-    if depth != 0:
-        raise UsageError(f"{where}: unbalanced '[' in {text!r}")
-    items.append(current)
-    return [item.strip() for item in items if item.strip()]
-
-
-def _expand_item(item, where):
-    match = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", item)
-    if not match:
-        if not _HOST_RE.match(item):
-            raise UsageError(f"{where}: bad host name {item!r}")
-        return [item]
-    prefix, ranges, rest = match.groups()
-    expanded = []
-    for number in _expand_ranges(ranges, item, where):
-        expanded.extend(_expand_item(prefix + number + rest, where))
-    return expanded
-
-
-def _expand_ranges(ranges, item, where):
-    numbers = []
-    for part in ranges.split(","):
-        match = re.match(r"^(\d+)(?:-(\d+))?$", part.strip())
-        if not match:
-            raise UsageError(f"{where}: bad range {part!r} in {item!r}")
-        first, last = match.group(1), match.group(2) or match.group(1)
-        if int(last) < int(first):
-            raise UsageError(f"{where}: range {part!r} runs backwards in {item!r}")
-        width = len(first) if first.startswith("0") else 0
-        numbers.extend(str(n).zfill(width) for n in range(int(first), int(last) + 1))
-    return numbers
+                return "unbalanced ']'"
+        return "unbalanced '['"
+    return _HOSTLIST_REASONS.get(reason, reason)
 
 
 def expand_tasks_per_node(spec, node_count, where="tasks per node"):
     """Slurm's ``SLURM_TASKS_PER_NODE`` (``2(x3),1``) or a single count -> one int per node."""
-    spec = spec.strip()
-    if re.match(r"^\d+$", spec):
+    spec = re.sub(r"\s+", "", spec)
+    if spec.isdigit():  # SLURM_NTASKS_PER_NODE, --tasks-per-node 4: the same on every node
         counts = [int(spec)] * node_count
     else:
-        counts = []
-        for part in spec.split(","):
-            match = re.match(r"^(\d+)(?:\(x(\d+)\))?$", part.strip())
-            if not match:
-                raise UsageError(f"{where}: cannot read {spec!r} (expected e.g. 4 or 2(x3),1)")
-            counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+        try:
+            counts = hostlist.parse_slurm_tasks_per_node(spec)
+        except hostlist.BadHostlist:
+            raise UsageError(f"{where}: cannot read {spec!r} (expected e.g. 4 or 2(x3),1)") from None
     if len(counts) != node_count:
         raise UsageError(f"{where}: {spec!r} gives {len(counts)} counts for {node_count} nodes")
     if 0 in counts:
@@ -226,16 +218,18 @@ def parse_host_string(text, default_slots=None, where="host list"):
     A name without ``:N`` takes ``default_slots``; without one that is an error.
     """
     hosts = []
-    for item in _split_top_level(text.strip(), where):
-        names, colon, slots = item.partition(":")
+    # python-hostlist carries what follows the brackets into every name: n[1-2]:4 -> n1:4, n2:4.
+    for entry in _expand(text, where):
+        name, colon, slots = entry.partition(":")
+        _check_name(name, where, text)
         if colon:
-            count = _slot_count(slots, where, item)
+            count = _slot_count(slots, where, entry)
         elif default_slots is None:
-            raise UsageError(f"{where}: missing slot count for {item!r} "
+            raise UsageError(f"{where}: missing slot count for {name!r} in {text!r} "
                              "(write host:N or pass --slots N)")
         else:
             count = default_slots
-        hosts.extend(Host(name, count) for name in expand_nodelist(names, where))
+        hosts.append(Host(name, count))
     return merge(hosts)
 
 

@@ -7,17 +7,24 @@ from torch.optim.lr_scheduler import LambdaLR
 
 
 
-def finish_step(optimizer, scaler, max_grad_norm=0.0, parameters=()):
+def finish_step(optimizer, scaler, max_grad_norm=0.0, parameters=(), guard=None):
     """Step after the backward passes: the same code for Horovod, DDP and one process.
 
     A Horovod DistributedOptimizer is synchronised first (the gradient
     allreduce finishes), the gradients are unscaled and clipped when asked,
     then it steps without synchronising a second time (the GradScaler
     pattern). A plain optimizer (under DDP, or alone) just steps.
+
+    ``guard`` (a nonfinite.NonFiniteGuard that watched this step's losses):
+    the ranks decide together, after the allreduce and before anything uses
+    the gradients, whether to skip the step. Returns False for a skipped step.
     """
     horovod = hasattr(optimizer, "synchronize")
     if horovod:
         optimizer.synchronize()  # Horovod: wait for the averaged gradients
+    if guard is not None and guard.skip_step():
+        optimizer.zero_grad()  # every rank drops the (non-finite) averaged gradients
+        return False
     if max_grad_norm > 0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
@@ -25,6 +32,7 @@ def finish_step(optimizer, scaler, max_grad_norm=0.0, parameters=()):
         scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad()  # set_to_none, the torch 2 default
+    return True
 
 
 def decay_groups(model, weight_decay):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import horovod.torch as hvd
 
-from . import cli, dist, settings as settings_module
+from . import cli, dist, nonfinite, settings as settings_module
 from .checkpoint import Checkpointer, RngState, clear_run_outputs
 from .metrics import Throughput, total_throughput
 from .outdir_lock import OutputDirLock
@@ -50,6 +50,7 @@ def add_run_arguments(parser, output_dir, checkpoint_every):
                      help="steps between the (collective) checks for SIGTERM/SIGUSR1")
     out.add_argument("--seed", type=cli.non_negative_int, default=42,
                      help="initialisation, data order, augmentation, masking")
+    nonfinite.add_arguments(out)
     device = parser.add_argument_group("device and Horovod")
     device.add_argument("--accumulation-steps", "--batches-per-allreduce", dest="accumulation_steps",
                         type=cli.positive_int, default=1,
@@ -84,11 +85,13 @@ class TrainState:
     epoch: int = 0  # the epoch in progress
     step_in_epoch: int = 0  # its steps already trained
     last_row: dict = field(default_factory=dict)  # the latest metrics.jsonl row
+    skipped_steps: int = 0  # steps skipped on every rank for a non-finite loss (see nonfinite)
 
     def state_dict(self):
         return asdict(self)
 
     def load_state_dict(self, state):
+        state = {"skipped_steps": 0, **state}  # checkpoints from before skipped steps were counted
         for item in fields(self):
             setattr(self, item.name, state[item.name])
 
@@ -115,6 +118,9 @@ class Run:
         self.throughput = Throughput()
         self.log = None
         self.resumed = False
+        # The trainers pass it to optim.finish_step; it reports through the log, open after start().
+        self.nonfinite = nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state,
+                                                               say=lambda line: self.log.info(line))
 
     def start(self):
         """Lock --output-dir, restore from it (or clear it), then open the log; collective."""
@@ -183,7 +189,7 @@ class Run:
         return total_throughput(self.throughput.launch_rate() or self.throughput.window_rate())
 
     def write_results(self, results):
-        return self.log.results(results)
+        return self.log.results({**results, "skipped_steps": self.state.skipped_steps})
 
     def stop_after_already_reached(self):
         """True when this launch must not train: --stop-after STEP was reached by an earlier

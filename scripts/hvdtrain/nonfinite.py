@@ -1,0 +1,130 @@
+"""A loss that turns NaN or Inf: every rank decides the same, before any update.
+
+One rank's non-finite loss makes its gradients non-finite, and Horovod's
+average carries them to every rank: applied, they would ruin every rank's
+weights. So after the gradient allreduce and before the optimizer steps, the
+ranks exchange one flag each (one tiny allgather, on every step and every
+rank, skipped or not, so the ranks always call the same collectives), and all
+of them then do the same:
+
+- ``--nonfinite-loss skip`` (default): no update and the gradients are zeroed,
+  on every rank. The step still counts as a step (its batch is used, the LR
+  schedule moves on), as GradScaler's skipped overflow steps do; the skipped
+  steps are counted (``skipped_steps`` in the train state and results.json).
+  After ``--max-nonfinite-steps`` skipped steps in a row the run has diverged
+  and stops as below.
+- ``--nonfinite-loss stop``: the first such step stops the run.
+
+A stop is one line naming the step and the ranks that saw the non-finite loss,
+exit status ``NONFINITE_EXIT`` on every rank, and no checkpoint: the last one
+written still holds finite weights.
+
+The GradScaler of fp16 AMP is left alone on a skipped step: it scales the loss
+after the forward pass, so a lower scale cannot cure a non-finite loss. An
+overflow in the scaled gradients with a finite loss stays GradScaler's own
+business (it skips that step and lowers its scale, the same on every rank,
+since it sees the averaged gradients).
+"""
+import os
+
+import torch
+
+from . import cli, dist
+from .cli import UsageError
+
+NONFINITE_EXIT = 4
+# Tests only: "rank=1,steps=5,6" makes rank 1's loss NaN at steps 5 and 6.
+INJECT_ENV = "HVDTRAIN_INJECT_NONFINITE"
+
+
+def add_arguments(group):
+    group.add_argument("--nonfinite-loss", choices=("skip", "stop"), default="skip",
+                       help="when a rank's loss is NaN or Inf: skip: no update on any rank, the step "
+                            "counted in results.json; stop: end the run (exit status 4)")
+    group.add_argument("--max-nonfinite-steps", type=cli.non_negative_int, default=10, metavar="N",
+                       help="with skip: stop (exit status 4) after N skipped steps in a row (0: never)")
+
+
+class NonFiniteGuard:
+    """Watches a step's losses on this rank; ``skip_step()`` is the ranks' joint verdict."""
+
+    def __init__(self, policy, max_in_a_row, rank, state, say=print, inject=None):
+        self.policy = policy
+        self.max_in_a_row = max_in_a_row
+        self.rank = rank
+        self.state = state  # a run.TrainState: the step in progress and the skipped count
+        self.say = say
+        self.inject_steps = inject.get(rank, set()) if inject else set()
+        self.in_a_row = 0  # not checkpointed: a resumed run starts a new streak
+        self.finite = True
+
+    @classmethod
+    def from_settings(cls, settings, rank, state, say=print, env=os.environ):
+        return cls(settings.nonfinite_loss, settings.max_nonfinite_steps, rank, state, say,
+                   parse_injection(env.get(INJECT_ENV, "")))
+
+    @property
+    def step(self):
+        return self.state.step + 1  # the step being computed, numbered as the log numbers it
+
+    def watch(self, loss):
+        """Note whether ``loss`` (one backward pass's) is finite; returns it, to backpropagate."""
+        if self.step in self.inject_steps:
+            loss = loss * float("nan")  # keeps the graph: the gradients turn NaN too
+        # A tensor, not a bool: no device sync per backward pass.
+        self.finite = torch.isfinite(loss.detach()).all() & self.finite
+        return loss
+
+    def skip_step(self, can_skip=True):
+        """Collective: True when every rank must skip this step; raises when the run must stop.
+
+        ``can_skip=False``: the update is already applied (Adasum steps during
+        backward), so a non-finite loss can only stop the run.
+        """
+        finite, self.finite = bool(self.finite), True
+        ranks = dist.ranks_where(not finite)
+        if not ranks:
+            self.in_a_row = 0
+            return False
+        self.in_a_row += 1
+        where = f"non-finite loss (NaN or Inf) at step {self.step} on rank{'s' if len(ranks) > 1 else ''} " \
+                f"{', '.join(map(str, ranks))}"
+        if not can_skip:
+            raise RunStopped(f"{where}: --use-adasum applies the update during the backward pass, so the "
+                             "step cannot be skipped; stopped")
+        if self.policy == "stop":
+            raise RunStopped(f"{where}; stopped (--nonfinite-loss stop): lower the LR or check the data, "
+                             "then relaunch to resume from the last checkpoint")
+        if self.max_in_a_row and self.in_a_row >= self.max_in_a_row:
+            raise RunStopped(f"{where}: {self.in_a_row} steps in a row (--max-nonfinite-steps "
+                             f"{self.max_in_a_row}), training has diverged; stopped: lower the LR or check "
+                             "the data, then relaunch to resume from the last checkpoint")
+        self.state.skipped_steps += 1
+        self.say(f"{where}: step skipped on every rank ({self.state.skipped_steps} skipped in all)")
+        return True
+
+
+class RunStopped(UsageError):
+    """Every rank stops with this one line and exit status NONFINITE_EXIT (see cli.run_main)."""
+
+    exit_status = NONFINITE_EXIT
+
+    def __init__(self, message):
+        super().__init__(message, on_every_rank=True)
+
+
+def parse_injection(text):
+    """``rank=1,steps=5,6`` -> {1: {5, 6}}; several groups split by ';'."""
+    injected = {}
+    for group in filter(None, (part.strip() for part in text.split(";"))):
+        try:
+            rank_part, steps_part = group.split(",", 1)
+            key, rank = rank_part.split("=")
+            steps_key, steps = steps_part.split("=")
+            if key.strip() != "rank" or steps_key.strip() != "steps":
+                raise ValueError
+            injected.setdefault(int(rank), set()).update(int(step) for step in steps.split(","))
+        except ValueError:
+            raise UsageError(f"{INJECT_ENV}={text!r}: expected e.g. rank=1,steps=5,6", on_every_rank=True) \
+                from None
+    return injected
