@@ -30,6 +30,7 @@ CNN_RUN = ["--model", "convnet", "--dataset", "digits", "--epochs", "5", "--max-
 BERT_STEPS = 4
 BERT_RUN = ["--model", "tiny", "--batch-size", "8", "--steps", BERT_STEPS, "--checkpoint-every", "0"]
 PROBE_STEPS = 40
+PROBES = {"probe-horovodrun": "", "probe-horovodrun-gloo": "--gloo"}  # name: LAUNCHER_ARGS
 
 
 @pytest.fixture(scope="session")
@@ -43,10 +44,11 @@ def two_node_slurm(two_hosts):
         cluster.stop()
 
 
-def submit_on_two_nodes(cluster, two_hosts, sbatch_file, log, args, launcher):
+def submit_on_two_nodes(cluster, two_hosts, sbatch_file, log, args, launcher, launcher_args=""):
     """One rank on each node; the job's PATH has two_hosts' ssh, which horovodrun uses."""
     return cluster.sbatch(["--output", log, "--nodes=2", "--ntasks-per-node=1", sbatch_file, *map(str, args)],
-                          env={**two_hosts.env(), "LAUNCHER": launcher, "PYTHON": str(PYTHON_ON_HOST)})
+                          env={**two_hosts.env(), "LAUNCHER": launcher, "LAUNCHER_ARGS": launcher_args,
+                               "PYTHON": str(PYTHON_ON_HOST)})
 
 
 @pytest.fixture(scope="module")
@@ -58,22 +60,26 @@ def two_node_jobs(two_node_slurm, two_hosts, tmp_path_factory):
     require_program("mpirun", "install Open MPI or `make setup` as root")
     root = tmp_path_factory.mktemp("two-nodes")
     prepare_bert_data(root / "bert-data", 32)
-    runs = {}  # name: (sbatch file, launcher, arguments)
+    runs = {}  # name: (sbatch file, launcher, arguments, LAUNCHER_ARGS)
     for launcher in LAUNCHERS:
         runs[f"cnn-{launcher}"] = (SLURM / "train_cnn.sbatch", launcher,
-                                   [*CNN_RUN, "--output-dir", root / f"cnn-{launcher}"])
+                                   [*CNN_RUN, "--output-dir", root / f"cnn-{launcher}"], "")
         runs[f"bert-{launcher}"] = (SLURM / "pretrain_bert.sbatch", launcher,
-                                    ["--data", root / "bert-data", *BERT_RUN, "--output-dir", root / f"bert-{launcher}"])
-    runs["probe-horovodrun"] = (probe_sbatch(root), "horovodrun", [root / "probe-horovodrun", PROBE_STEPS, 0.3])
-    jobs = {name: submit_on_two_nodes(two_node_slurm, two_hosts, sbatch_file, root / f"{name}.out", args, launcher)
-            for name, (sbatch_file, launcher, args) in runs.items()}
+                                    ["--data", root / "bert-data", *BERT_RUN, "--output-dir", root / f"bert-{launcher}"],
+                                    "")
+    # horovodrun starts hvd-b's rank through mpirun and srun (inside the job), or
+    # with --gloo through ssh (outside it): the batch shell signals neither.
+    for name, launcher_args in PROBES.items():
+        runs[name] = (probe_sbatch(root), "horovodrun", [root / name, PROBE_STEPS, 0.3], launcher_args)
+    jobs = {name: submit_on_two_nodes(two_node_slurm, two_hosts, sbatch_file, root / f"{name}.out", args, launcher,
+                                      launcher_args)
+            for name, (sbatch_file, launcher, args, launcher_args) in runs.items()}
 
-    # Interrupt once the ranks train: the CNN once rank 0 logs its start, the probe
+    # Interrupt once the ranks train: the CNN once rank 0 logs its start, a probe
     # once both ranks have written their first event; whichever is first.
-    probe = root / "probe-horovodrun"
-    signal_when_ready(two_node_slurm, jobs, {
-        "cnn-horovodrun": lambda: "convnet on digits" in read_log(root / "cnn-horovodrun.out"),
-        "probe-horovodrun": lambda: bool(events(probe, 0) and events(probe, 1))})
+    ready = {name: (lambda out=root / name: bool(events(out, 0) and events(out, 1))) for name in PROBES}
+    ready["cnn-horovodrun"] = lambda: "convnet on digits" in read_log(root / "cnn-horovodrun.out")
+    signal_when_ready(two_node_slurm, jobs, ready)
     return {name: (two_node_slurm.wait_for_end(job, JOB_TIMEOUT), (root / f"{name}.out").read_text(), root / name)
             for name, job in jobs.items()}
 
@@ -139,10 +145,11 @@ def test_pretrain_bert_on_two_nodes(two_node_jobs, launcher):
     assert_ran_on_both_hosts(log, launcher)
 
 
-def test_usr1_to_the_batch_node_stops_the_other_node_through_the_collective_check(two_node_jobs):
+@pytest.mark.parametrize("name", PROBES)
+def test_usr1_to_the_batch_node_stops_the_other_node_through_the_collective_check(two_node_jobs, name):
     """With horovodrun only the batch node's rank gets USR1; hvd-b's rank, never
     signalled, stops after the same step, and both resume in the requeued run."""
-    info, log, out = two_node_jobs["probe-horovodrun"]
+    info, log, out = two_node_jobs[name]
     assert_requeued_once(None, info["JobId"], info, log)
     by_host = {}
     for rank in (0, 1):
