@@ -30,7 +30,13 @@ CNN_RUN = ["--model", "convnet", "--dataset", "digits", "--epochs", "5", "--max-
 BERT_STEPS = 4
 BERT_RUN = ["--model", "tiny", "--batch-size", "8", "--steps", BERT_STEPS, "--checkpoint-every", "0"]
 PROBE_STEPS = 40
-PROBES = {"probe-horovodrun": "", "probe-horovodrun-gloo": "--gloo"}  # name: LAUNCHER_ARGS
+# Probe jobs (tests/workers/preemptible.py) that get USR1: name -> (LAUNCHER, LAUNCHER_ARGS,
+# the signal hvd-b's rank gets itself). srun and mpirun forward USR1 to every rank
+# on every node; horovodrun forwards none, and the batch shell on hvd-a reaches only
+# hvd-a's ranks: hvd-b's rank, started by horovodrun through mpirun and srun (inside
+# the job) or with --gloo through ssh (outside it), is told by the other ranks.
+PROBES = {"probe-srun": ("srun", "", "SIGUSR1"), "probe-mpirun": ("mpirun", "", "SIGUSR1"),
+          "probe-horovodrun": ("horovodrun", "", None), "probe-horovodrun-gloo": ("horovodrun", "--gloo", None)}
 
 
 @pytest.fixture(scope="session")
@@ -67,10 +73,8 @@ def two_node_jobs(two_node_slurm, two_hosts, tmp_path_factory):
         runs[f"bert-{launcher}"] = (SLURM / "pretrain_bert.sbatch", launcher,
                                     ["--data", root / "bert-data", *BERT_RUN, "--output-dir", root / f"bert-{launcher}"],
                                     "")
-    # horovodrun starts hvd-b's rank through mpirun and srun (inside the job), or
-    # with --gloo through ssh (outside it): the batch shell signals neither.
-    for name, launcher_args in PROBES.items():
-        runs[name] = (probe_sbatch(root), "horovodrun", [root / name, PROBE_STEPS, 0.3], launcher_args)
+    for name, (launcher, launcher_args, _) in PROBES.items():
+        runs[name] = (probe_sbatch(root), launcher, [root / name, PROBE_STEPS, 0.3], launcher_args)
     jobs = {name: submit_on_two_nodes(two_node_slurm, two_hosts, sbatch_file, root / f"{name}.out", args, launcher,
                                       launcher_args)
             for name, (sbatch_file, launcher, args, launcher_args) in runs.items()}
@@ -146,9 +150,10 @@ def test_pretrain_bert_on_two_nodes(two_node_jobs, launcher):
 
 
 @pytest.mark.parametrize("name", PROBES)
-def test_usr1_to_the_batch_node_stops_the_other_node_through_the_collective_check(two_node_jobs, name):
-    """With horovodrun only the batch node's rank gets USR1; hvd-b's rank, never
-    signalled, stops after the same step, and both resume in the requeued run."""
+def test_usr1_stops_both_nodes_at_one_step_and_they_resume(two_node_jobs, name):
+    """hvd-a's rank gets USR1; hvd-b's rank gets it from srun or mpirun, or under
+    horovodrun (never signalled) follows through the collective check. Both stop
+    after the same step and resume from it in the requeued run."""
     info, log, out = two_node_jobs[name]
     assert_requeued_once(None, info["JobId"], info, log)
     by_host = {}
@@ -159,7 +164,7 @@ def test_usr1_to_the_batch_node_stops_the_other_node_through_the_collective_chec
         by_host[seen[0]["host"]] = seen
     assert sorted(by_host) == sorted(HOSTS), by_host
     stop_a, stop_b = by_host["hvd-a"][1], by_host["hvd-b"][1]
-    assert stop_a["signal"] == "SIGUSR1" and stop_b["signal"] is None, (stop_a, stop_b)
+    assert stop_a["signal"] == "SIGUSR1" and stop_b["signal"] == PROBES[name][2], (stop_a, stop_b)
     assert stop_a["step"] == stop_b["step"] < PROBE_STEPS, (stop_a, stop_b)
     for seen in by_host.values():
         assert seen[2]["step"] == stop_a["step"] and seen[3]["step"] == PROBE_STEPS, seen
