@@ -14,8 +14,8 @@ Several nodes: ``SlurmCluster.start(nodes, on_node)`` with ``nodes`` as
 [(name, address)] and ``on_node(name, command)`` the command run on that host
 (two_hosts.py's network namespaces: see test_slurm_two_nodes.py). Then a slurmd
 runs on each host as ``slurmd -N name``, slurmctld and every Slurm command on
-the first; the one munged serves them all through its socket, a file that every
-namespace sees.
+the first, and each node has a munged of its own, as on a real cluster (see
+SlurmCluster.on for why).
 """
 import os
 import pwd
@@ -158,6 +158,7 @@ class SlurmCluster:
         root.chmod(0o755)  # munged runs as the munge user and must reach its directory
         cluster = cls(root, nodes, on_node)
         try:
+            cluster._make_directories()
             cluster._start_munge_daemons()
             cluster._write_conf()
             cluster._start_daemon("slurmctld", cluster.on(cluster.host, ["slurmctld", "-D", "-f", cluster.conf]))
@@ -175,21 +176,27 @@ class SlurmCluster:
     def on(self, node, command):
         """``command`` run on ``node``: as it is on this machine; on a separate host
         with the cgroups mounted again and that node's own munge and pmix directories
-        (its munged's socket; its PMIx files, which on a shared /tmp would collide)."""
+        on the paths slurm.conf and mpi.conf name: its munged's socket, and its PMIx
+        step files (same names on every node of a step: one directory would collide)."""
         if self.on_node is None:
             return command
         own = [f"mount --bind {self.root}/{name}-{node} {self.root}/{name}" for name in NODE_PRIVATE]
         setup = " && ".join([*remount_host_cgroups(), *own, 'exec "$@"'])
         return self.on_node(node, ["sh", "-c", setup, "sh", *command])
 
-    def _start_munge_daemons(self):
-        """One munged on this machine, or one per node: each munged decodes a
-        credential only once (a second decode is refused as a replay), and Slurm
-        sends every node of a job the same launch credential."""
+    def _make_directories(self):
+        (self.root / "state").mkdir()
+        for node, _ in self.nodes:
+            (self.root / f"spool-{node}").mkdir()
         for name in NODE_PRIVATE:
             (self.root / name).mkdir()
             for node, _ in self.nodes if self.on_node else []:
                 (self.root / f"{name}-{node}").mkdir()
+
+    def _start_munge_daemons(self):
+        """One munged on this machine, or one per node: each munged decodes a
+        credential only once (a second decode is refused as a replay), and Slurm
+        sends every node of a job the same launch credential."""
         if self.on_node is None:
             self._start_munged("munged", self.root / "munge")
             return
@@ -198,7 +205,6 @@ class SlurmCluster:
 
     def _start_munged(self, process_name, munge_dir):
         """munged as the munge user, on a socket of our own, with the system key."""
-        munge_dir.mkdir(exist_ok=True)
         munge_dir.chmod(0o755)  # munged: clients must be able to reach the socket
         user = pwd.getpwnam("munge")
         os.chown(munge_dir, user.pw_uid, user.pw_gid)
@@ -217,15 +223,13 @@ class SlurmCluster:
                                check=False).returncode == 0, f"{process_name} to answer", 15)
 
     def _write_conf(self):
-        (self.root / "state").mkdir()
-        for name, _ in self.nodes:
-            (self.root / f"spool-{name}").mkdir()
         cpus, memory = node_resources()
         self.cpus = max(cpus, MIN_CPUS)
         # Every node has its own address; on its own network stack (a namespace)
         # all slurmd can listen on the same port.
         node_lines = "".join(NODE_LINE.format(name=name, address=address, cpus=self.cpus, memory=memory)
                              for name, address in self.nodes)
+        # srun --mpi=pmix's per-step files: ours, not in /tmp (shared by separate hosts here).
         (self.root / "mpi.conf").write_text(f"PMIxCliTmpDirBase={self.root}/pmix\n")
         self.conf.write_text(SLURM_CONF.format(
             root=self.root, controller=f"{self.host}({self.nodes[0][1]})", ctld_port=free_port(),
@@ -257,11 +261,11 @@ class SlurmCluster:
     def stop(self):
         """Cancel every job, then stop slurmd, slurmctld and munged (in that order)."""
         if "slurmctld" in self.processes:
-            self.run(["scancel", "--user", "root", "--full"], check=False)
             try:
+                self.run(["scancel", "--user", "root", "--full"], check=False)
                 self._wait(lambda: not self.queue(), "jobs to end", 20)
-            except RuntimeError:
-                pass  # the daemons are stopped below anyway
+            except (RuntimeError, subprocess.TimeoutExpired):
+                pass  # the daemons are stopped below anyway, munged included
         slurmds = [f"slurmd-{name}" for name, _ in self.nodes]
         munge_daemons = [name for name in self.processes if name.startswith("munged")]
         for name in (*slurmds, "slurmctld", *munge_daemons):

@@ -5,8 +5,9 @@
 Every job asks for `sbatch --nodes=2 --ntasks-per-node=1`, so its two ranks can
 only meet over the network between the hosts. Both trainers run under each
 launcher (srun, mpirun, horovodrun); the horovodrun CNN run is sent USR1, is
-requeued and ends with the same weights as the uninterrupted runs. All jobs are
-submitted together and run side by side; every wait is bounded.
+requeued and ends with the same weights as the uninterrupted runs; probe jobs
+(tests/workers/preemptible.py) show which rank each launcher lets the signal
+reach. All jobs are submitted together and run side by side; every wait is bounded.
 """
 import json
 import re
@@ -19,9 +20,9 @@ from launch import REPO
 from slurm_cluster import SlurmCluster, require_slurm
 from test_slurm import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, events, final_checkpoint,
                         prepare_bert_data, probe_sbatch, send_usr1_to_batch_shell)
-from two_hosts import HOSTS, two_hosts  # noqa: F401,F811  (the session fixture)
+from two_hosts import HOSTS
 
-JOB_TIMEOUT = 420  # nine jobs of two ranks share this machine's cores
+JOB_TIMEOUT = 420  # ten jobs of two ranks share this machine's cores
 # The ranks' interpreter: prints the host each rank runs on, then runs python.
 PYTHON_ON_HOST = REPO / "tests" / "workers" / "python_on_host.sh"
 CNN_STEPS = 200  # long enough that USR1 lands mid-run (see test_slurm.py)
@@ -59,8 +60,8 @@ def submit_on_two_nodes(cluster, two_hosts, sbatch_file, log, args, launcher, la
 
 @pytest.fixture(scope="module")
 def two_node_jobs(two_node_slurm, two_hosts, tmp_path_factory):
-    """Every job of this module, submitted at once; the horovodrun ones get USR1.
-    Returns {name: (job info, log text, output directory)}."""
+    """Every job of this module, submitted at once; the probes and the horovodrun CNN
+    run get USR1. Returns {name: (job info, log text, output directory)}."""
     require_module("horovod.torch")
     require_program("horovodrun", "run `make setup`")
     require_program("mpirun", "install Open MPI or `make setup` as root")
@@ -70,9 +71,8 @@ def two_node_jobs(two_node_slurm, two_hosts, tmp_path_factory):
     for launcher in LAUNCHERS:
         runs[f"cnn-{launcher}"] = (SLURM / "train_cnn.sbatch", launcher,
                                    [*CNN_RUN, "--output-dir", root / f"cnn-{launcher}"], "")
-        runs[f"bert-{launcher}"] = (SLURM / "pretrain_bert.sbatch", launcher,
-                                    ["--data", root / "bert-data", *BERT_RUN, "--output-dir", root / f"bert-{launcher}"],
-                                    "")
+        bert_args = ["--data", root / "bert-data", *BERT_RUN, "--output-dir", root / f"bert-{launcher}"]
+        runs[f"bert-{launcher}"] = (SLURM / "pretrain_bert.sbatch", launcher, bert_args, "")
     for name, (launcher, launcher_args, _) in PROBES.items():
         runs[name] = (probe_sbatch(root), launcher, [root / name, PROBE_STEPS, 0.3], launcher_args)
     jobs = {name: submit_on_two_nodes(two_node_slurm, two_hosts, sbatch_file, root / f"{name}.out", args, launcher,
@@ -159,7 +159,8 @@ def test_usr1_stops_both_nodes_at_one_step_and_they_resume(two_node_jobs, name):
     by_host = {}
     for rank in (0, 1):
         seen = events(out, rank)
-        assert [(e["event"], e["restart"]) for e in seen] == [("start", 0), ("stop", 0), ("start", 1), ("done", 1)], seen
+        happened = [(e["event"], e["restart"]) for e in seen]
+        assert happened == [("start", 0), ("stop", 0), ("start", 1), ("done", 1)], seen
         assert seen[0]["size"] == 2 and seen[0]["host"] == seen[1]["host"], seen
         by_host[seen[0]["host"]] = seen
     assert sorted(by_host) == sorted(HOSTS), by_host
