@@ -78,3 +78,9 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 _GPU_DESELECTED = pytest.StashKey[int]()
+
+# The session fixtures that several test modules use, defined once here: one
+# imported into two modules would be two fixtures, each started once per session
+# (two_hosts would then create its namespaces twice). Imported last: they import
+# require() and require_program() from this module.
+from two_hosts import two_hosts  # noqa: E402,F401

@@ -13,7 +13,7 @@ import threading
 import time
 
 from launch import REPO, SCRIPTS, launch, python
-from two_hosts import INTERFACE, two_hosts  # noqa: F401  (the session fixture)
+from two_hosts import INTERFACE
 
 HOSTFILES = REPO / "hostfiles"
 TINY_CNN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--epochs", "1", "--max-steps", "3"]

@@ -85,7 +85,7 @@ def wait_for_text(path, text, timeout, cluster, job):
 
 def send_usr1_to_batch_shell(cluster, job):
     """What --signal=B:USR1@N does before the time limit, on demand."""
-    run(["scancel", "--signal=USR1", "--batch", job], env=cluster.env())
+    cluster.run(["scancel", "--signal=USR1", "--batch", job])
 
 
 def assert_requeued_once(cluster, job, info, log):

@@ -136,10 +136,13 @@ class TwoHosts:
             time.sleep(0.5)
         raise RuntimeError(f"sshd on hvd-b did not answer:\n{(self.root / 'sshd.log').read_text()}")
 
+    def on(self, host, command):
+        """``command`` run on ``host`` (its network namespace and host name)."""
+        return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts", "sh", "-c",
+                f'hostname {host} && exec "$@"', "sh", *[str(c) for c in command]]
+
     def on_a(self, command):
-        """``command`` run on host hvd-a (its network namespace and host name)."""
-        return ["ip", "netns", "exec", self.namespaces["hvd-a"], "unshare", "--uts", "sh", "-c",
-                'hostname hvd-a && exec "$@"', "sh", *[str(c) for c in command]]
+        return self.on("hvd-a", command)
 
     def env(self):
         """Environment additions for commands on the hosts: the ssh wrapper, then the venv, first on PATH."""

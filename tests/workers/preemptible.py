@@ -6,10 +6,11 @@ Like the real scripts it resumes from its checkpoint in OUTPUT_DIR, and on
 SIGUSR1/SIGTERM every rank finishes its step, rank 0 checkpoints, all exit 0
 (hvdtrain.signals.StopRequest). Each rank appends what happened to
 OUTPUT_DIR/events-rank<R>.jsonl: start, stop (with the signal this rank got
-itself, or null when it only followed the others) and done.
+itself, or null when it only followed the others) and done, with its host.
 """
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,8 @@ from hvdtrain import dist, signals  # noqa: E402
 
 
 def record(output_dir, rank, **event):
-    event.update(rank=rank, pid=os.getpid(), restart=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
+    event.update(rank=rank, host=socket.gethostname(), pid=os.getpid(),
+                 restart=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
     with open(output_dir / f"events-rank{rank}.jsonl", "a") as handle:
         handle.write(json.dumps(event) + "\n")
 
