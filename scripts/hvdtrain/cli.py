@@ -170,9 +170,13 @@ def resume_command(argv=None):
 
 
 def run_main(main):
-    """Run ``main()``; a UsageError anywhere becomes one line and exit status 2."""
+    """Run ``main()``; a UsageError anywhere becomes one line and exit status 2,
+    any other exception one line naming the rank and the cause, exit status 1."""
     whole_line_output()
     try:
         main()
     except UsageError as error:
         fail(str(error), every_rank_fails=error.on_every_rank)
+    except Exception as error:  # a rank's own failure or a peer's: one line, no traceback wall
+        from . import faults
+        faults.report(error)
