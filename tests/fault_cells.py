@@ -24,11 +24,11 @@ LAUNCH_TIMEOUT = 300
 
 # The one line that names the rank and the cause, for each fault.
 CAUSES = {
-    "stop": re.compile(r"rank \d+: error: .*(frozen|stopped)"),
+    "stop": re.compile(r"rank \d+: error: .*(frozen|froze|stopped)"),
     "deadlock": re.compile(r"rank 1: error: no training progress .* main thread is stuck outside any collective"),
     "kill": re.compile(r"(rank|Process|task) 1\b.*(Killed|status code 137|signal 9)"
-                       r"|rank 0: error: a collective failed: another rank died"),
-    "raise": re.compile(r"rank 1: error: RuntimeError: injected fault after step"),
+                       r"|rank 0: error: a collective failed after step \d+: another rank died"),
+    "raise": re.compile(r"rank 1: error: RuntimeError after step \d+: injected fault"),
 }
 _INJECTED = re.compile(r"injecting fault \S+ after step \d+ at (\d+\.\d+)")
 # horovodrun --gloo's own launcher (not a rank) ends every failed job with a
@@ -79,8 +79,8 @@ def run_cell(fault, launcher, out_dir, env=None, cluster=None):
     args = [*TRAIN, "--output-dir", out_dir, "--no-resume"]
     env = fault_env(fault, env)
     started = time.time()
-    if launcher == "srun":
-        returncode, output, timed_out = _slurm_job(cluster, args, env, out_dir)
+    if launcher == "srun":  # the sbatch file names the script itself
+        returncode, output, timed_out = _slurm_job(cluster, args[1:], env, out_dir)
     elif launcher == "mpirun":
         ran = launch(["mpirun", "-np", "2", "--bind-to", "none", "python", *args], LAUNCH_TIMEOUT, env=env)
         returncode, output, timed_out = ran.returncode, ran.output, ran.timed_out

@@ -71,8 +71,13 @@ def planned():
     return _planned or None
 
 
+_last_step = None  # the latest finished step, for the one-line reports
+
+
 def at_step(rank, step):
     """Called after every training step: inject the planned fault there."""
+    global _last_step
+    _last_step = step
     fault = planned()
     if not fault or fault.kind == "slow-checkpoint" or fault.rank != rank or fault.step != step:
         return
@@ -88,7 +93,7 @@ def at_step(rank, step):
         lock.acquire()
         lock.acquire()  # never returns: a main-thread deadlock
     elif fault.kind == "raise":
-        raise RuntimeError(f"injected fault after step {step} ({FAULT_ENV})")
+        raise RuntimeError(f"injected fault ({FAULT_ENV})")
 
 
 def in_checkpoint_write(rank, step):
@@ -108,12 +113,13 @@ def describe(error, rank):
     """One line: which rank, and what ended it."""
     # Horovod's messages run on for several sentences: the first says what happened.
     first_line = (str(error).strip().splitlines() or [""])[0].split(". ")[0][:200]
+    after = f" after step {_last_step}" if _last_step is not None else ""
     if is_peer_failure(error):
-        return (f"rank {rank}: error: a collective failed: another rank died, was killed or left the job "
+        return (f"rank {rank}: error: a collective failed{after}: another rank died, froze or left the job "
                 f"({type(error).__name__}: {first_line})")
     where = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
     place = f" at {os.path.relpath(where.filename)}:{where.lineno} in {where.name}" if where else ""
-    return (f"rank {rank}: error: {type(error).__name__}: {first_line}{place} "
+    return (f"rank {rank}: error: {type(error).__name__}{after}: {first_line}{place} "
             f"({TRACEBACK_ENV}=1 prints the traceback)")
 
 
