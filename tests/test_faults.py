@@ -19,25 +19,37 @@ from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
 # Lowered for speed: the watchdog's floor (default 60 s) and Horovod's stall warning.
 FAST = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "10"}
-PARALLEL = 4
+PARALLEL = 5
 
 
 @pytest.fixture(scope="module")
 def matrix(slurm_cluster, tmp_path_factory):
-    """Every cell, plus the default-limits cell, run side by side: {(fault, launcher): Cell}."""
+    """Every cell, the default-limits cell and the slow-checkpoint run, side by side:
+    {(fault, launcher, defaults?): Cell, "slow checkpoint": (Launched, its output dir)}."""
     require_module("horovod.torch")
+    require_program("horovodrun", "run `make setup`")
     require_program("mpirun", "install Open MPI or `make setup` as root")
     root = tmp_path_factory.mktemp("faults")
     cells = [(fault, launcher, FAST) for fault in FAULTS for launcher in LAUNCHERS]
     cells.insert(0, ("stop", "horovodrun --mpi", None))  # the defaults: the longest, so first
+    cells.insert(1, "slow checkpoint")
 
     def one(cell):
+        if cell == "slow checkpoint":
+            return cell, (slow_checkpoint_run(root / "slow-checkpoint"), root / "slow-checkpoint")
         fault, launcher, env = cell
         name = f"{fault}-{launcher.replace(' --', '-')}{'-default' if env is None else ''}"
         return (fault, launcher, env is None), run_cell(fault, launcher, root / name, env, slurm_cluster)
 
     with ThreadPoolExecutor(PARALLEL) as pool:
         return dict(pool.map(one, cells))
+
+
+def slow_checkpoint_run(out):
+    """A 15 s checkpoint write on rank 0 (the other rank waits for it) under a 5 s floor."""
+    env = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "5", "HVDTRAIN_FAULT": "rank=0,step=10,kind=slow-checkpoint,seconds=15"}
+    return horovodrun(2, [*TRAIN[:-1], "1", "--output-dir", out, "--checkpoint-every", "10", "--stop-after", "12"],
+                      timeout=300, env=env)
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -61,14 +73,48 @@ def test_a_frozen_rank_under_mpi_ends_the_job_within_120_s_with_the_defaults(mat
     assert cell.message and not cell.wall(), cell.describe()
 
 
-def test_a_checkpoint_write_longer_than_the_step_limit_is_no_hang(tmp_path, need_horovod):
-    """A 15 s checkpoint write on rank 0 (the other rank waits for it) under a 5 s
-    step limit: the job completes, the write ran inside the watchdog's phase."""
-    out = tmp_path / "out"
-    env = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "5", "HVDTRAIN_FAULT": "rank=0,step=10,kind=slow-checkpoint,seconds=15"}
-    run = horovodrun(2, [*TRAIN[:-1], "1", "--output-dir", out, "--checkpoint-every", "10",
-                         "--stop-after", "12"], timeout=180, env=env)
+def test_a_checkpoint_write_longer_than_the_step_limit_is_no_hang(matrix):
+    """The write runs inside the watchdog's phase: the job completes."""
+    run, out = matrix["slow checkpoint"]
     assert run.returncode == 0 and not run.timed_out, run.describe()
     assert "error" not in run.output, run.describe()
     assert json.loads((out / "results.json").read_text())["steps"] == 12
     assert (out / "step-000000010.pt").is_file()
+
+
+# ---------------------------------------------------------------- the parts, without a launch
+def test_the_limit_adapts_to_the_slowest_recent_step_with_a_floor():
+    from hvdtrain.dist import Watchdog
+    watchdog = Watchdog(rank=0, fixed=0, floor=60, phase_timeout=1800)  # fixed=0: no thread
+    assert watchdog.limit()[0] == 1800  # before the first step (it may compile)
+    watchdog.step(1)
+    watchdog.last_beat -= 0.5
+    watchdog.step(2)
+    assert watchdog.limit() == (60, "HVDTRAIN_WATCHDOG_FLOOR_SECONDS=60")
+    watchdog.last_beat -= 20  # a 20 s step
+    watchdog.step(3)
+    assert watchdog.limit()[0] == pytest.approx(200, abs=1)
+    with watchdog.phase("writing a checkpoint"):
+        assert watchdog.limit()[0] == 1800
+    assert Watchdog(rank=0, fixed=7, floor=60).limit() == (7, "HVDTRAIN_WATCHDOG_SECONDS=7")
+
+
+def test_fault_spec_errors_are_one_line():
+    from hvdtrain import cli, faults
+    assert faults.parse("rank=1,step=20,kind=stop") == faults.Fault(1, 20, "stop")
+    for bad in ("rank=1,kind=nap", "step=3,kind=stop", "rank=1,kind=stop,when=now"):
+        with pytest.raises(cli.UsageError, match="HVDTRAIN_FAULT"):
+            faults.parse(bad)
+
+
+def test_a_peer_failure_and_an_own_error_read_as_one_line():
+    from hvdtrain import faults
+    try:
+        raise RuntimeError("bad shard\nmore detail")
+    except RuntimeError as error:
+        line = faults.describe(error, "rank 1")
+    assert line.startswith("rank 1: error: RuntimeError") and "bad shard" in line and "\n" not in line
+    assert "test_faults.py" in line  # where it was raised
+    peer = type("HorovodInternalError", (RuntimeError,), {})("Horovod has been shut down. This was caused by")
+    assert faults.describe(peer, "rank 0").startswith(
+        "rank 0: error: a collective failed") and "another rank died" in faults.describe(peer, "rank 0")

@@ -12,7 +12,7 @@ import sys
 USAGE_ERROR_EXIT = 2
 
 # Rank variables set by the launchers we support, read before hvd.init().
-_LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
                        "PMI_RANK", "SLURM_PROCID")
 
 
@@ -30,7 +30,7 @@ class UsageError(Exception):
 
 def launcher_rank():
     """This process's rank as the launcher announced it (0 when launched alone)."""
-    for name in _LAUNCHER_RANK_VARS:
+    for name in LAUNCHER_RANK_VARS:
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return 0

@@ -109,17 +109,17 @@ def is_peer_failure(error):
     return name == "HorovodInternalError" or "gloo" in str(error).lower()
 
 
-def describe(error, rank):
-    """One line: which rank, and what ended it."""
+def describe(error, who):
+    """One line: who ("rank 1", or the script when launched alone), and what ended it."""
     # Horovod's messages run on for several sentences: the first says what happened.
     first_line = (str(error).strip().splitlines() or [""])[0].split(". ")[0][:200]
     after = f" after step {_last_step}" if _last_step is not None else ""
     if is_peer_failure(error):
-        return (f"rank {rank}: error: a collective failed{after}: another rank died, froze or left the job "
+        return (f"{who}: error: a collective failed{after}: another rank died, froze or left the job "
                 f"({type(error).__name__}: {first_line})")
     where = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
     place = f" at {os.path.relpath(where.filename)}:{where.lineno} in {where.name}" if where else ""
-    return (f"rank {rank}: error: {type(error).__name__}{after}: {first_line}{place} "
+    return (f"{who}: error: {type(error).__name__}{after}: {first_line}{place} "
             f"({TRACEBACK_ENV}=1 prints the traceback)")
 
 
@@ -127,7 +127,9 @@ def report(error):
     """Print ``error`` as one line (the traceback only on request), then exit 1."""
     if os.environ.get(TRACEBACK_ENV) == "1":
         traceback.print_exception(error)
-    print(describe(error, cli.launcher_rank()), file=sys.stderr, flush=True)
+    launched = any(os.environ.get(name) for name in cli.LAUNCHER_RANK_VARS)
+    who = f"rank {cli.launcher_rank()}" if launched else os.path.basename(sys.argv[0])
+    print(describe(error, who), file=sys.stderr, flush=True)
     # A normal exit (atexit: the run lock, Horovod's shutdown), unless the shutdown
     # waits on a peer that is gone.
     threading.Thread(target=_exit_after_grace, daemon=True).start()
