@@ -14,7 +14,7 @@ import pytest
 
 from conftest import require_module, require_program
 from fault_cells import FAULTS, LAUNCHERS, LIMITS, TRAIN, run_cell
-from launch import horovodrun
+from launch import horovodrun, python
 from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
 # Lowered for speed: the watchdog's floor (default 60 s) and Horovod's stall warning.
@@ -118,3 +118,10 @@ def test_a_peer_failure_and_an_own_error_read_as_one_line():
     peer = type("HorovodInternalError", (RuntimeError,), {})("Horovod has been shut down. This was caused by")
     assert faults.describe(peer, "rank 0").startswith(
         "rank 0: error: a collective failed") and "another rank died" in faults.describe(peer, "rank 0")
+
+
+def test_a_bad_watchdog_setting_is_one_line_exit_2(need_horovod):
+    ran = python([TRAIN[0], "--epochs", "1"], timeout=120, env={"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "soon"})
+    assert ran.returncode == 2, ran.describe()
+    assert ran.output.strip().splitlines() == [
+        "train_cnn.py: error: HVDTRAIN_WATCHDOG_FLOOR_SECONDS='soon': expected a number of seconds (0 or more)"]

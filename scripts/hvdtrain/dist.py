@@ -120,8 +120,9 @@ class Watchdog:
                 frozen = overslept
             silent = time.monotonic() - self.last_beat
             limit, why = self.limit()
-            if silent > limit and (frozen or silent > limit + WAITING_GRACE_SECONDS
-                                   or not _main_thread_place()[0]):
+            if silent <= limit:
+                frozen = 0.0  # progress since: stopped and continued (Ctrl-Z, fg) is no hang
+            elif frozen or silent > limit + WAITING_GRACE_SECONDS or not _main_thread_place()[0]:
                 print(f"rank {self.rank}: error: {self._cause(silent, frozen)}; aborting "
                       f"(limit {limit:.0f} s: {why})", file=sys.stderr, flush=True)
                 os._exit(WATCHDOG_EXIT)
@@ -201,7 +202,7 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
     # (horovodrun's --stall-check-shutdown-time-seconds sets the same variable.)
     # The watchdog finds hangs; Horovod's own shutdown (MPI only) is a backstop that
     # must not end a legitimate phase the watchdog allows.
-    phase_seconds = float(os.environ.get(PHASE_ENV, DEFAULT_PHASE_SECONDS))
+    phase_seconds = _seconds_from_env(PHASE_ENV, DEFAULT_PHASE_SECONDS)
     shutdown = stall_shutdown_seconds or int(phase_seconds)
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(shutdown))
     # The warning time must not exceed the shutdown time, or Horovod ignores the shutdown.
@@ -228,11 +229,24 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
     if threads:
         torch.set_num_threads(threads)
 
-    fixed = os.environ.get(WATCHDOG_ENV)
-    watchdog = Watchdog(hvd.rank(), fixed=float(fixed) if fixed else None,
-                        floor=float(os.environ.get(FLOOR_ENV, DEFAULT_FLOOR_SECONDS)), phase_timeout=phase_seconds)
+    watchdog = Watchdog(hvd.rank(), fixed=_seconds_from_env(WATCHDOG_ENV, None),
+                        floor=_seconds_from_env(FLOOR_ENV, DEFAULT_FLOOR_SECONDS), phase_timeout=phase_seconds)
     return Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                    local_size=hvd.local_size(), device=device, watchdog=watchdog)
+
+
+def _seconds_from_env(name, default):
+    """A number of seconds from the environment; a bad value stops with one line naming it."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise UsageError(f"{name}={text!r}: expected a number of seconds (0 or more)")
+    return value
 
 
 def cuda_device_index(local_rank, local_size, visible_count):
