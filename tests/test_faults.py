@@ -85,7 +85,7 @@ def test_a_checkpoint_write_longer_than_the_step_limit_is_no_hang(matrix):
 # ---------------------------------------------------------------- the parts, without a launch
 def test_the_limit_adapts_to_the_slowest_recent_step_with_a_floor():
     from hvdtrain.dist import Watchdog
-    watchdog = Watchdog(rank=0, fixed=0, floor=60, phase_timeout=1800)  # fixed=0: no thread
+    watchdog = Watchdog(rank=0, floor=60, phase_timeout=1800, watch=False)
     assert watchdog.limit()[0] == 1800  # before the first step (it may compile)
     watchdog.step(1)
     watchdog.last_beat -= 0.5
@@ -96,7 +96,7 @@ def test_the_limit_adapts_to_the_slowest_recent_step_with_a_floor():
     assert watchdog.limit()[0] == pytest.approx(200, abs=1)
     with watchdog.phase("writing a checkpoint"):
         assert watchdog.limit()[0] == 1800
-    assert Watchdog(rank=0, fixed=7, floor=60).limit() == (7, "HVDTRAIN_WATCHDOG_SECONDS=7")
+    assert Watchdog(rank=0, fixed=7, floor=60, watch=False).limit() == (7, "HVDTRAIN_WATCHDOG_SECONDS=7")
 
 
 def test_fault_spec_errors_are_one_line():

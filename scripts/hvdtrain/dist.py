@@ -61,7 +61,8 @@ class Watchdog:
     first step of this launch (which may compile).
     """
 
-    def __init__(self, rank, fixed=None, floor=DEFAULT_FLOOR_SECONDS, phase_timeout=DEFAULT_PHASE_SECONDS):
+    def __init__(self, rank, fixed=None, floor=DEFAULT_FLOOR_SECONDS, phase_timeout=DEFAULT_PHASE_SECONDS,
+                 watch=True):
         self.rank = rank
         self.fixed = fixed
         self.floor = floor
@@ -70,7 +71,7 @@ class Watchdog:
         self.step_number = None  # the latest finished step; None before the first
         self.last_beat = time.monotonic()
         self.current_phase = None
-        if fixed != 0:
+        if watch and fixed != 0:  # watch=False: only the limits (tests)
             threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True).start()
 
     def beat(self):
