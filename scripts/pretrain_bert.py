@@ -285,7 +285,8 @@ def main(argv=None):
         return
     data = bert_data.PretrainingData(settings.data, metadata, ctx.rank, ctx.size, settings.seed,
                                      settings.batch_size, settings.accumulation_steps, settings.mlm_probability,
-                                     binned=not settings.no_binning)
+                                     binned=not settings.no_binning,
+                                     reading=lambda: ctx.watchdog.phase("reading a shard"))
     run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "
                  f"seq {metadata['max_seq_length']}, {metadata['num_instances']} instances, {ctx.size} rank(s), "
                  f"global batch {settings.batch_size * settings.accumulation_steps * ctx.size}, "

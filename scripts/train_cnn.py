@@ -181,7 +181,7 @@ class Trainer:
         self.scheduler.step()  # a skipped step moves the schedule on too, as GradScaler's do
 
     @torch.no_grad()
-    def evaluate(self, loader, beat):
+    def evaluate(self, loader):
         """Loss, top-1, top-5 over every validation sample exactly once."""
         self.model.eval()
         meter = SumMeter("val_loss", "val_top1", "val_top5")
@@ -193,7 +193,6 @@ class Trainer:
             meter.add("val_loss", F.cross_entropy(logits.float(), targets, reduction="sum"), len(targets))
             meter.add("val_top1", top1, len(targets))
             meter.add("val_top5", top5, len(targets))
-            beat()  # a long validation is progress too, for the stall watchdog
         self.model.train()
         return meter.reduce("val")
 
@@ -266,8 +265,10 @@ def end_epoch(run, trainer, val_loader, meter, steps_per_epoch):
     state = run.state
     total_rate, per_worker = total_throughput(run.throughput.window_rate())
     batchnorm.average_statistics(trainer.model)  # what is evaluated is what is saved
+    with run.ctx.watchdog.phase("evaluating"):  # a long validation set is no hang
+        evaluation = trainer.evaluate(val_loader)
     row = {"epoch": state.epoch + 1, "step": state.step, "lr": trainer.last_lr, **meter.reduce("train"),
-           **trainer.evaluate(val_loader, run.ctx.watchdog.beat), "images_per_sec": total_rate,
+           **evaluation, "images_per_sec": total_rate,
            "images_per_sec_per_worker": per_worker,
            "epoch_seconds": run.throughput.window_all[1]}
     meter.reset()

@@ -67,7 +67,7 @@ class HorovodBackend:
         return module, optimizer
 
     def beat(self):
-        self.ctx.watchdog.beat()
+        self.ctx.watchdog.step()
 
     def sum(self, values):
         tensor = torch.tensor(values, dtype=torch.float64)

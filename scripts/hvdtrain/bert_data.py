@@ -3,6 +3,7 @@
 Pure (no Horovod): the trainer passes rank and size in.
 """
 import bisect
+import contextlib
 import hashlib
 import json
 import os
@@ -195,8 +196,9 @@ class ShardStream:
     pieces, the key and the position, so a resumed run reads the same rows.
     """
 
-    def __init__(self, pieces, key, load, reader):
+    def __init__(self, pieces, key, load, reader, reading=contextlib.nullcontext):
         self.pieces, self.key, self.load, self.reader = pieces, key, load, reader
+        self.reading = reading  # context around a read the step waits for (a watchdog phase)
         self.ends = np.cumsum([stop - start for _, start, stop in pieces]).tolist()
         self.loaded, self.prefetched = {}, None
 
@@ -209,10 +211,12 @@ class ShardStream:
         """Piece ``index``, read now or by the prefetch; starts reading the next one."""
         if index not in self.loaded:
             waiting, self.prefetched = self.prefetched, None
-            if waiting is not None and waiting[0] == index:
-                self.loaded = {index: waiting[1].result()}
-            else:
-                self.loaded = {index: self._read(index)}
+            # A slow file system makes this step slow: no hang, so inside ``reading``.
+            with self.reading():
+                if waiting is not None and waiting[0] == index:
+                    self.loaded = {index: waiting[1].result()}
+                else:
+                    self.loaded = {index: self._read(index)}
             if index + 1 < len(self.pieces):
                 self.prefetched = (index + 1, self.reader.submit(self._read, index + 1))
         return self.loaded[index]
@@ -257,7 +261,7 @@ class PretrainingData:
     """
 
     def __init__(self, directory, metadata, rank, size, seed, micro_batch, accumulation,
-                 mlm_probability=0.15, binned=False):
+                 mlm_probability=0.15, binned=False, reading=contextlib.nullcontext):
         self.directory = Path(directory)
         self.metadata = metadata
         self.rank, self.size, self.seed = rank, size, seed
@@ -271,6 +275,7 @@ class PretrainingData:
         self.bins = self._bins()
         self.epoch, self.streams, self.schedule = None, None, None
         self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
+        self.reading = reading  # see ShardStream
 
     def _bins(self):
         """Per bin: ([rows of that bin in each shard], first row of the bin in each shard, length)."""
@@ -298,7 +303,8 @@ class PretrainingData:
         for b, (sizes, firsts, _) in enumerate(self.bins):
             pieces = [(self.entries[shard], firsts[shard] + start, firsts[shard] + stop)
                       for shard, start, stop in assign_rows(sizes, self.rank, self.size, self.seed, epoch)]
-            self.streams.append(ShardStream(pieces, (self.seed, epoch, self.rank, b), self._load, self.reader))
+            self.streams.append(ShardStream(pieces, (self.seed, epoch, self.rank, b), self._load, self.reader,
+                                            self.reading))
         # Step -> (bin, step within the bin): a seeded shuffle of every bin's steps, the same on every rank.
         bins = np.repeat(np.arange(len(self.bins)), self._bin_steps())
         bins = bins[np.random.default_rng([self.seed, epoch]).permutation(len(bins))]

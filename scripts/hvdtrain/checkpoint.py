@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from . import dist
+from . import dist, faults
 from .cli import UsageError
 
 FORMAT = 2  # the layout below; earlier checkpoints cannot be resumed
@@ -233,6 +233,7 @@ class Checkpointer:
                     write_checksum(self.directory / "best.pt", digest)
                     _link_or_copy(path, self.directory / "best.pt")
                 prune(self.directory, self.keep, path)
+            faults.in_checkpoint_write(self.ctx.rank, step)  # test-only: a slow file system
             # The other ranks wait here, inside the phase, rather than in their
             # next collective, where the watchdog's short limit applies.
             dist.all_ranks_true(True)

@@ -12,7 +12,7 @@ import sys
 USAGE_ERROR_EXIT = 2
 
 # Rank variables set by the launchers we support, read before hvd.init().
-_LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
                        "PMI_RANK", "SLURM_PROCID")
 
 
@@ -32,7 +32,7 @@ class UsageError(Exception):
 
 def launcher_rank():
     """This process's rank as the launcher announced it (0 when launched alone)."""
-    for name in _LAUNCHER_RANK_VARS:
+    for name in LAUNCHER_RANK_VARS:
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return 0
@@ -172,9 +172,13 @@ def resume_command(argv=None):
 
 
 def run_main(main):
-    """Run ``main()``; a UsageError anywhere becomes one line and exit status 2."""
+    """Run ``main()``; a UsageError anywhere becomes one line and exit status 2,
+    any other exception one line naming the rank and the cause, exit status 1."""
     whole_line_output()
     try:
         main()
     except UsageError as error:
         fail(str(error), every_rank_fails=error.on_every_rank, status=error.exit_status)
+    except Exception as error:  # a rank's own failure or a peer's: one line, no traceback wall
+        from . import faults
+        faults.report(error)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import horovod.torch as hvd
 
-from . import cli, dist, nonfinite, settings as settings_module
+from . import cli, dist, faults, nonfinite, settings as settings_module
 from .checkpoint import Checkpointer, RngState, clear_run_outputs
 from .metrics import Throughput, total_throughput
 from .outdir_lock import OutputDirLock
@@ -157,7 +157,8 @@ class Run:
         """Count a finished step; returns why this launch must stop now, or None. Collective."""
         state = self.state
         state.step, state.step_in_epoch = state.step + 1, state.step_in_epoch + 1
-        self.ctx.watchdog.beat()  # progress: the stall watchdog must not fire
+        self.ctx.watchdog.step(state.step)  # progress, and how long steps take (the stall limit)
+        faults.at_step(self.ctx.rank, state.step)  # test-only fault injection (HVDTRAIN_FAULT)
         self.throughput.step(samples)
         self.log.progress(state.step)
         if self.last_step <= state.step < self.total_steps:

@@ -1,7 +1,7 @@
 """Run under horovodrun -np 2: rank 1 freezes (alive, silent) after init.
 
 Rank 0 then waits in an allreduce that rank 1 never joins. hvdtrain.dist.init
-sets Horovod's stall shutdown, so the job must end instead of hanging.
+starts the progress watchdog, so the job must end instead of hanging.
 """
 import sys
 import time

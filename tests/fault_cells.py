@@ -1,0 +1,112 @@
+"""The fault matrix: one rank of a real train_cnn.py job fails, under each launcher.
+
+    cell = run_cell("stop", "mpirun", env={...})   # or "srun" with a SlurmCluster
+    cell.seconds_after_fault, cell.returncode, cell.message
+
+Faults are injected by the trainer itself (HVDTRAIN_FAULT, hvdtrain/faults.py):
+rank 1 SIGSTOPs or SIGKILLs its own process, deadlocks its main thread, or
+raises, right after step FAULT_STEP. Shared by tests/test_faults.py and
+tests/tools/fault_matrix.py (the README's table).
+"""
+import re
+import time
+from dataclasses import dataclass
+
+from launch import REPO, SCRIPTS, horovodrun, launch
+
+FAULTS = ("stop", "deadlock", "kill", "raise")
+LAUNCHERS = ("horovodrun --gloo", "horovodrun --mpi", "mpirun", "srun")
+# The issue's limits: a hang within 120 s, a dead rank or an exception within 60 s.
+LIMITS = {"stop": 120, "deadlock": 120, "kill": 60, "raise": 60}
+FAULT_STEP = 20  # in the first epoch (44 steps of 2 x 16 digits)
+TRAIN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--image-size", "8", "--epochs", "3"]
+LAUNCH_TIMEOUT = 300
+
+# The one line that names the rank and the cause, for each fault.
+CAUSES = {
+    "stop": re.compile(r"rank \d+: error: .*(frozen|froze|stopped)"),
+    "deadlock": re.compile(r"rank 1: error: no training progress .* main thread is stuck outside any collective"),
+    "kill": re.compile(r"(rank|Process|task) 1\b.*(Killed|status code 137|signal 9)"
+                       r"|rank 0: error: a collective failed after step \d+: another rank died"),
+    "raise": re.compile(r"rank 1: error: RuntimeError after step \d+: injected fault"),
+}
+_INJECTED = re.compile(r"injecting fault \S+ after step \d+ at (\d+\.\d+)")
+# horovodrun --gloo's own launcher (not a rank) ends every failed job with a
+# traceback of its runner, whatever the ranks did: Horovod's, not ours.
+_GLOO_RUNNER_TRACEBACK = re.compile(
+    r"^Traceback \(most recent call last\):\n(?:  .*\n)+RuntimeError: Horovod detected that one or more "
+    r"processes exited with non-zero status.*$", re.MULTILINE)
+
+
+@dataclass
+class Cell:
+    fault: str
+    launcher: str
+    returncode: int
+    seconds: float  # launch to end
+    seconds_after_fault: float  # the fault's injection to the end of the job
+    output: str
+    timed_out: bool
+
+    @property
+    def message(self):
+        """The line naming the rank and the cause, or None."""
+        lines = [line for line in self.output.splitlines() if CAUSES[self.fault].search(line)]
+        return _untagged(lines[0]) if lines else None
+
+    def wall(self):
+        """Traceback text from the ranks (a wall), empty when there is none."""
+        text = _GLOO_RUNNER_TRACEBACK.sub("", self.output) if self.launcher == "horovodrun --gloo" else self.output
+        return "\n".join(line for line in text.splitlines()
+                         if "Traceback" in line or line.lstrip().startswith(("File \"", "horovod.common")))
+
+    def describe(self):
+        tail = "\n".join(self.output.splitlines()[-40:])
+        return (f"{self.fault} under {self.launcher}: exit {self.returncode}, {self.seconds:.0f} s "
+                f"({self.seconds_after_fault:.0f} s after the fault){' TIMED OUT' if self.timed_out else ''}\n{tail}")
+
+
+def _untagged(line):
+    return re.sub(r"^\[(?:\d+,)?\d+\]<std(?:out|err)>:", "", line).strip()
+
+
+def fault_env(fault, extra=None):
+    return {"HVDTRAIN_FAULT": f"rank=1,step={FAULT_STEP},kind={fault}", **(extra or {})}
+
+
+def run_cell(fault, launcher, out_dir, env=None, cluster=None):
+    """One launch of the trainer with ``fault`` on rank 1; returns its Cell."""
+    args = [*TRAIN, "--output-dir", out_dir, "--no-resume"]
+    env = fault_env(fault, env)
+    started = time.time()
+    if launcher == "srun":  # the sbatch file names the script itself
+        returncode, output, timed_out = _slurm_job(cluster, args[1:], env, out_dir)
+    elif launcher == "mpirun":
+        ran = launch(["mpirun", "-np", "2", "--bind-to", "none", "python", *args], LAUNCH_TIMEOUT, env=env)
+        returncode, output, timed_out = ran.returncode, ran.output, ran.timed_out
+    else:
+        ran = horovodrun(2, args, LAUNCH_TIMEOUT, transport=launcher.split("--")[1], env=env)
+        returncode, output, timed_out = ran.returncode, ran.output, ran.timed_out
+    ended = time.time()
+    injected = _INJECTED.search(output)
+    return Cell(fault, launcher, returncode, ended - started,
+                ended - float(injected.group(1)) if injected else float("nan"), output, timed_out)
+
+
+def _slurm_job(cluster, args, env, out_dir):
+    """srun inside a batch job on the test cluster: (exit status, job log, timed out)."""
+    log = f"{out_dir}.out"
+    job = cluster.sbatch(["--output", log, REPO / "slurm" / "train_cnn.sbatch", *map(str, args)],
+                         env={"LAUNCHER": "srun", **env})
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    info = {}
+    while time.monotonic() < deadline:
+        info = cluster.job(job)
+        if info.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            break
+        time.sleep(0.5)
+    else:
+        launch(["scancel", job], timeout=30, env={"SLURM_CONF": str(cluster.conf)})
+        return None, cluster.job_output(info), True
+    status = int(info.get("ExitCode", "0:0").split(":")[0])
+    return status, cluster.job_output(info), False

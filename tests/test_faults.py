@@ -1,0 +1,127 @@
+"""Hangs and faults end the job fast, with one line naming the rank and the cause.
+
+The matrix: rank 1 of a real train_cnn.py job is SIGSTOPped, deadlocks its main
+thread, is SIGKILLed, or raises, under horovodrun --gloo, horovodrun --mpi,
+mpirun and srun (on the test Slurm cluster). The cells run four at a time with
+a lowered watchdog floor; one more cell proves the default limits (SIGSTOP under
+MPI, the worst case) and one run proves that a long legitimate phase is no hang.
+"""
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import require_module, require_program
+from fault_cells import FAULTS, LAUNCHERS, LIMITS, TRAIN, run_cell
+from launch import horovodrun, python
+from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
+
+# Lowered for speed: the watchdog's floor (default 60 s) and Horovod's stall warning.
+FAST = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "10"}
+PARALLEL = 5
+
+
+@pytest.fixture(scope="module")
+def matrix(slurm_cluster, tmp_path_factory):
+    """Every cell, the default-limits cell and the slow-checkpoint run, side by side:
+    {(fault, launcher, defaults?): Cell, "slow checkpoint": (Launched, its output dir)}."""
+    require_module("horovod.torch")
+    require_program("horovodrun", "run `make setup`")
+    require_program("mpirun", "install Open MPI or `make setup` as root")
+    root = tmp_path_factory.mktemp("faults")
+    cells = [(fault, launcher, FAST) for fault in FAULTS for launcher in LAUNCHERS]
+    cells.insert(0, ("stop", "horovodrun --mpi", None))  # the defaults: the longest, so first
+    cells.insert(1, "slow checkpoint")
+
+    def one(cell):
+        if cell == "slow checkpoint":
+            return cell, (slow_checkpoint_run(root / "slow-checkpoint"), root / "slow-checkpoint")
+        fault, launcher, env = cell
+        name = f"{fault}-{launcher.replace(' --', '-')}{'-default' if env is None else ''}"
+        return (fault, launcher, env is None), run_cell(fault, launcher, root / name, env, slurm_cluster)
+
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        return dict(pool.map(one, cells))
+
+
+def slow_checkpoint_run(out):
+    """A 15 s checkpoint write on rank 0 (the other rank waits for it) under a 5 s floor."""
+    env = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "5", "HVDTRAIN_FAULT": "rank=0,step=10,kind=slow-checkpoint,seconds=15"}
+    return horovodrun(2, [*TRAIN[:-1], "1", "--output-dir", out, "--checkpoint-every", "10", "--stop-after", "12"],
+                      timeout=300, env=env)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_fault_on_one_rank_ends_the_job_fast_with_one_line(matrix, fault, launcher):
+    cell = matrix[(fault, launcher, False)]
+    assert not cell.timed_out and cell.returncode not in (0, None), cell.describe()
+    assert cell.seconds_after_fault < LIMITS[fault], cell.describe()
+    assert cell.message, f"no line naming the rank and the cause:\n{cell.describe()}"
+    assert not cell.wall(), f"a traceback wall:\n{cell.wall()}\n{cell.describe()}"
+    stray = [line for line in cell.output.splitlines() if "HorovodInternalError" in line and ": error: " not in line]
+    assert not stray, cell.describe()
+
+
+def test_a_frozen_rank_under_mpi_ends_the_job_within_120_s_with_the_defaults(matrix):
+    """No limit lowered: the adaptive limit's floor (60 s) catches a SIGSTOPped rank."""
+    cell = matrix[("stop", "horovodrun --mpi", True)]
+    assert not cell.timed_out and cell.returncode not in (0, None), cell.describe()
+    assert not math.isnan(cell.seconds_after_fault) and cell.seconds_after_fault < 120, cell.describe()
+    assert "limit 60 s: HVDTRAIN_WATCHDOG_FLOOR_SECONDS=60" in cell.output, cell.describe()
+    assert cell.message and not cell.wall(), cell.describe()
+
+
+def test_a_checkpoint_write_longer_than_the_step_limit_is_no_hang(matrix):
+    """The write runs inside the watchdog's phase: the job completes."""
+    run, out = matrix["slow checkpoint"]
+    assert run.returncode == 0 and not run.timed_out, run.describe()
+    assert "error" not in run.output, run.describe()
+    assert json.loads((out / "results.json").read_text())["steps"] == 12
+    assert (out / "step-000000010.pt").is_file()
+
+
+# ---------------------------------------------------------------- the parts, without a launch
+def test_the_limit_adapts_to_the_slowest_recent_step_with_a_floor():
+    from hvdtrain.dist import Watchdog
+    watchdog = Watchdog(rank=0, floor=60, phase_timeout=1800, watch=False)
+    assert watchdog.limit()[0] == 1800  # before the first step (it may compile)
+    watchdog.step(1)
+    watchdog.last_beat -= 0.5
+    watchdog.step(2)
+    assert watchdog.limit() == (60, "HVDTRAIN_WATCHDOG_FLOOR_SECONDS=60")
+    watchdog.last_beat -= 20  # a 20 s step
+    watchdog.step(3)
+    assert watchdog.limit()[0] == pytest.approx(200, abs=1)
+    with watchdog.phase("writing a checkpoint"):
+        assert watchdog.limit()[0] == 1800
+    assert Watchdog(rank=0, fixed=7, floor=60, watch=False).limit() == (7, "HVDTRAIN_WATCHDOG_SECONDS=7")
+
+
+def test_fault_spec_errors_are_one_line():
+    from hvdtrain import cli, faults
+    assert faults.parse("rank=1,step=20,kind=stop") == faults.Fault(1, 20, "stop")
+    for bad in ("rank=1,kind=nap", "step=3,kind=stop", "rank=1,kind=stop,when=now"):
+        with pytest.raises(cli.UsageError, match="HVDTRAIN_FAULT"):
+            faults.parse(bad)
+
+
+def test_a_peer_failure_and_an_own_error_read_as_one_line():
+    from hvdtrain import faults
+    try:
+        raise RuntimeError("bad shard\nmore detail")
+    except RuntimeError as error:
+        line = faults.describe(error, "rank 1")
+    assert line.startswith("rank 1: error: RuntimeError") and "bad shard" in line and "\n" not in line
+    assert "test_faults.py" in line  # where it was raised
+    peer = type("HorovodInternalError", (RuntimeError,), {})("Horovod has been shut down. This was caused by")
+    assert faults.describe(peer, "rank 0").startswith(
+        "rank 0: error: a collective failed") and "another rank died" in faults.describe(peer, "rank 0")
+
+
+def test_a_bad_watchdog_setting_is_one_line_exit_2(need_horovod):
+    ran = python([TRAIN[0], "--epochs", "1"], timeout=120, env={"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "soon"})
+    assert ran.returncode == 2, ran.describe()
+    assert ran.output.strip().splitlines() == [
+        "train_cnn.py: error: HVDTRAIN_WATCHDOG_FLOOR_SECONDS='soon': expected a number of seconds (0 or more)"]
