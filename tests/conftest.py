@@ -81,6 +81,8 @@ _GPU_DESELECTED = pytest.StashKey[int]()
 
 # The session fixtures that several test modules use, defined once here: one
 # imported into two modules would be two fixtures, each started once per session
-# (two_hosts would then create its namespaces twice). Imported last: they import
-# require() and require_program() from this module.
+# (two_hosts would then create its namespaces twice, slurm_cluster would run two
+# clusters side by side). Imported last: they import require() and
+# require_program() from this module.
+from slurm_cluster import slurm_cluster  # noqa: E402,F401
 from two_hosts import two_hosts  # noqa: E402,F401

@@ -15,7 +15,6 @@ import pytest
 from conftest import require_module, require_program
 from fault_cells import FAULTS, LAUNCHERS, LIMITS, TRAIN, run_cell
 from launch import horovodrun, python
-from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
 # Lowered for speed: the watchdog's floor (default 60 s) and Horovod's stall warning.
 FAST = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "10"}

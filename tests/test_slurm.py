@@ -15,7 +15,7 @@ import torch
 from conftest import require_module, require_program
 from image_data import make_image_folder
 from launch import REPO, SCRIPTS, horovodrun, launch, python
-from slurm_cluster import run, slurm_cluster  # noqa: F401  (the session fixture)
+from slurm_cluster import run
 
 SLURM = REPO / "slurm"
 SBATCH_FILES = [SLURM / "train_cnn.sbatch", SLURM / "pretrain_bert.sbatch"]
