@@ -208,7 +208,8 @@ build_horovod_wheel() {
     cuda=$(torch_cuda)
     tag=${cuda:+cu$cuda}
     tag=${tag:-cpu}
-    cache_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-torch-$torch_version-py$python_version-$tag"
+    # The patch's hash too: a changed patch must never reuse a wheel built without it.
+    cache_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-torch-$torch_version-py$python_version-$tag-patch-$(sha256sum "$PATCH" | cut -c1-12)"
     if ls "$cache_dir"/horovod-*.whl >/dev/null 2>&1; then
         say "reusing cached Horovod wheel in $cache_dir"
         FIND_LINKS=$cache_dir
