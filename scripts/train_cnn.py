@@ -398,6 +398,9 @@ def train(run, trainer, datasets, meter, commits=None, position=None):
     train_set, val_set = datasets
     sampler, train_loader, val_loader = make_loaders(settings, ctx, train_set, val_set)
     step_batch = settings.batch_size * settings.accumulation_steps
+    if position is not None:  # the steps left at this world size
+        left = (settings.epochs - state.epoch) * len(train_set) - position.samples
+        run.log.retarget(state.step + left // (ctx.size * step_batch))
     where = (f"epoch {state.epoch} sample {position.samples}" if position else
              f"epoch {state.epoch} batch {state.step_in_epoch}")
     run.log.info(f"{settings.model} on {settings.dataset}: {len(train_set)} train / {len(val_set)} val images, "

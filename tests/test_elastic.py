@@ -1,0 +1,153 @@
+"""--elastic under a real elastic horovodrun: a worker killed with SIGKILL mid-epoch, a host that returns.
+
+The host discovery script reads a hostfile the test rewrites. On one machine
+the two "hosts" are the names localhost and 127.0.0.1 (Horovod blacklists the
+host of a failed worker, so the survivor must be on another name), and across
+the two network-namespace hosts of two_hosts.py they are hvd-a and hvd-b.
+
+What every test checks in the run's metrics.jsonl: each epoch trained every
+sample of the data set exactly once (``train_samples``, summed over the ranks
+at each commit, so a sample trained twice or lost would change it), whatever
+world sizes the epoch ran at.
+"""
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+from launch import SCRIPTS, launch, python
+from test_launchers import wait_then
+from two_hosts import INTERFACE, two_hosts  # noqa: F401  (the session fixture)
+
+DIGITS_TRAIN = 1438  # digits samples left for training by the fixed validation split
+# A checkpoint at step 50 (and a commit there): 5 steps into epoch 2 at two workers
+# (44 steps an epoch); its file appearing is the moment to kill a worker mid-epoch.
+CNN = [SCRIPTS / "train_cnn.py", "--elastic", "--elastic-commit-every", "10", "--checkpoint-every", "50"]
+MID_EPOCH_2 = "step-000000050.pt"
+
+
+def discovery(hostfile):
+    return f"{sys.executable} {SCRIPTS / 'discover_hosts.py'} {hostfile}"
+
+
+def write_hosts(path, *lines):
+    """Atomically, as discover_hosts.py asks."""
+    new = path.with_name(path.name + ".new")
+    new.write_text("".join(f"{line}\n" for line in lines))
+    new.replace(path)
+
+
+def elastic_command(hostfile, np, script_args, interface="lo", extra=()):
+    # --network-interface: an elastic job otherwise waits for two hosts to compare NICs.
+    return ["horovodrun", "-np", np, "--min-np", "1", "--max-np", np, "--network-interface", interface,
+            "--host-discovery-script", discovery(hostfile), *extra, sys.executable, *script_args]
+
+
+def rows(output_dir):
+    path = output_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def worker_pid(output_dir, hostname):
+    """The pid of the rank started for ``hostname`` whose command names ``output_dir``, or None.
+
+    The Python process itself: not the ssh client that started it on another host.
+    """
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            command = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            environ = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if (os.path.basename(command[0]).startswith(b"python") and str(output_dir).encode() in command
+                and f"HOROVOD_HOSTNAME={hostname}".encode() in environ):
+            return int(entry)
+    return None
+
+
+def kill_worker(output_dir, hostname, killed):
+    pid = worker_pid(output_dir, hostname)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+
+def mid_epoch_checkpoint(output_dir):
+    return (output_dir / MID_EPOCH_2).exists()
+
+
+def world_sizes(ran):
+    """The world sizes rank 0 announced, in order: one line per (re)start of training.
+
+    From the whole output: horovodrun tags lines by the worker's first slot, so
+    a survivor that became rank 0 still prints as [1].
+    """
+    return [int(n) for n in re.findall(r"(\d+) workers? x batch", ran.output)]
+
+
+def assert_every_epoch_complete(output_dir, epochs):
+    found = rows(output_dir)
+    assert [row["epoch"] for row in found] == list(range(1, epochs + 1)), found
+    assert all(row["train_samples"] == DIGITS_TRAIN for row in found), \
+        [(row["epoch"], row["train_samples"], row["world_size"]) for row in found]
+    return found
+
+
+def test_a_killed_worker_leaves_the_job_and_its_returning_host_rejoins(need_horovod, tmp_path):
+    """One machine: SIGKILL the rank on 127.0.0.1 in epoch 2; the job goes on alone on
+    localhost; 127.0.0.1 returns to the discovery output and rejoins; digits still >= 0.95."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1")
+    killed = []
+
+    def kill_and_drop():
+        kill_worker(out, "127.0.0.1", killed)
+        write_hosts(hostfile, "localhost slots=1")
+        # Once an epoch has ended after the kill, the host comes back.
+        wait_then(lambda: len(rows(out)) >= 3,
+                  lambda: write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1"), 200)
+
+    wait_then(lambda: mid_epoch_checkpoint(out), kill_and_drop, 200)
+    started = time.monotonic()
+    # The blacklist cooldown lets the killed worker's host in again once it is listed.
+    ran = launch(elastic_command(hostfile, 2, [*CNN, "--output-dir", out],
+                                 extra=["--blacklist-cooldown-range", "1", "2"]), timeout=300)
+    print(f"elastic run with a kill and a rejoin: {time.monotonic() - started:.0f} s")
+    assert ran.returncode == 0, ran.describe()
+    assert killed, "the worker on 127.0.0.1 was never found to kill"
+    sizes = world_sizes(ran)
+    assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2 and sizes.index(1) < len(sizes) - 1, \
+        (sizes, ran.describe())
+    # The survivor went on from the last commit in epoch 2 (0-based 1), not from its start.
+    resumed = re.search(r"resuming at epoch 1 sample (\d+)", ran.output)
+    assert resumed and int(resumed.group(1)) >= 5 * 32, ran.describe()
+    found = assert_every_epoch_complete(out, 8)
+    assert found[-1]["val_top1"] >= 0.95, found[-1]
+    results = json.loads((out / "results.json").read_text())
+    assert results["completed"] and results["world_size"] == 2, results
+
+
+def test_a_killed_worker_on_another_host(need_horovod, two_hosts, tmp_path):
+    """Across two hosts (ssh to hvd-b): SIGKILL the rank on hvd-b mid-epoch; hvd-a finishes alone."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "hvd-a slots=1", "hvd-b slots=1")
+    killed = []
+    wait_then(lambda: mid_epoch_checkpoint(out), lambda: kill_worker(out, "hvd-b", killed), 200)
+    ran = launch(two_hosts.on_a(elastic_command(hostfile, 2, [*CNN, "--output-dir", out], interface=INTERFACE)),
+        timeout=300, env=two_hosts.env())
+    assert ran.returncode == 0, ran.describe()
+    assert killed, "the worker on hvd-b was never found to kill"
+    assert world_sizes(ran)[0] == 2 and world_sizes(ran)[-1] == 1, ran.describe()
+    found = assert_every_epoch_complete(out, 8)
+    assert found[-1]["val_top1"] >= 0.95, found[-1]
+
+
+def test_elastic_needs_an_elastic_launch(need_horovod, tmp_path):
+    ran = python([SCRIPTS / "train_cnn.py", "--elastic", "--output-dir", tmp_path / "run"], timeout=120)
+    assert ran.returncode == 2
+    assert "error: --elastic needs an elastic launch" in ran.output, ran.describe()
+    assert "Traceback" not in ran.output, ran.describe()
