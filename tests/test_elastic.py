@@ -151,3 +151,29 @@ def test_elastic_needs_an_elastic_launch(need_horovod, tmp_path):
     assert ran.returncode == 2
     assert "error: --elastic needs an elastic launch" in ran.output, ran.describe()
     assert "Traceback" not in ran.output, ran.describe()
+
+
+def test_pretrain_bert_survives_a_killed_worker(need_horovod, tmp_path):
+    """BERT --elastic: SIGKILL the rank on 127.0.0.1 after step 10; localhost finishes every step alone."""
+    from test_bert import make_small_static_data
+    data = make_small_static_data(tmp_path)
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1")
+    killed = []
+
+    def kill_and_drop():
+        kill_worker(out, "127.0.0.1", killed)
+        write_hosts(hostfile, "localhost slots=1")
+
+    wait_then(lambda: (out / "step-000000010.pt").exists(), kill_and_drop, 200)
+    ran = launch(elastic_command(hostfile, 2, [
+        SCRIPTS / "pretrain_bert.py", "--elastic", "--data", data, "--output-dir", out, "--model", "tiny",
+        "--batch-size", "8", "--steps", "40", "--log-every", "5", "--checkpoint-every", "10",
+        "--elastic-commit-every", "5"]), timeout=300)
+    assert ran.returncode == 0, ran.describe()
+    assert killed, "the worker on 127.0.0.1 was never found to kill"
+    assert re.findall(r"(\d+) rank\(s\), global batch", ran.output) == ["2", "1"], ran.describe()
+    results = json.loads((out / "results.json").read_text())
+    assert results["completed"] and results["steps"] == 40 and results["world_size"] == 1, results
+    steps = [row["step"] for row in rows(out)]
+    assert steps == sorted(set(steps)) and steps[-1] == 40, steps  # no step logged twice

@@ -28,7 +28,7 @@ from horovod.common.exceptions import HostsUpdatedInterrupt
 from . import cli, dist
 from .checkpoint import broadcast_state
 from .cli import UsageError
-from .runlog import RunLog
+from .runlog import RunLog, drop_rows_after
 
 ELASTIC_ENV = "HOROVOD_ELASTIC"  # set by horovodrun for --min-np/--max-np/--host-discovery-script jobs
 
@@ -131,11 +131,16 @@ class Commits(State):
         ctx, run = self.run.ctx, self.run
         ctx.rank, ctx.size, ctx.local_rank, ctx.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
         ctx.watchdog.rank = ctx.rank
-        if self.started and (run.log is None or run.log.enabled != ctx.is_main):
+        if not self.started:
+            return
+        if run.log is None or run.log.enabled != ctx.is_main:
             if run.log is not None:
                 run.log.close()
             # A new rank 0 (or a worker that joined) writes the log from the committed step on.
             run.log = RunLog(ctx, run.settings.output_dir, run.total_steps, resumed_step=run.state.step)
+        elif ctx.is_main:
+            # Rows of steps after the commit are written again when those steps are redone.
+            drop_rows_after(run.log.metrics_path, run.state.step)
 
     def commit_due(self, step):
         return step % self.commit_every == 0
@@ -175,3 +180,31 @@ def follow_schedule(scheduler, progress, peak_lr):
     for group, factor in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas):
         group["lr"] = peak_lr * factor(progress)
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
+class EpochWorld:
+    """--elastic, for data whose order within an epoch depends on the world size (BERT's shards
+    are split among the ranks): the size the epoch's position was reached at. A checkpoint component.
+
+    At another size the epoch's remaining samples cannot be told apart from the
+    trained ones, so the epoch ends there and the next one starts at the new
+    size: after a resize nothing is trained twice, the rest of that epoch waits
+    for the next (as the remainder that does not fill a step does).
+    """
+
+    def __init__(self):
+        self.size = 0
+
+    def state_dict(self):
+        return {"size": self.size}
+
+    def load_state_dict(self, state):
+        self.size = state["size"]
+
+    def follow(self, state, ctx):
+        """Called on every (re)entry, with the train state that every rank now shares."""
+        if state.step_in_epoch and self.size and self.size != ctx.size:
+            ctx.print0(f"elastic: {ctx.size} rank(s) instead of {self.size}: epoch {state.epoch} ends at "
+                       f"step {state.step_in_epoch} of it; the next starts at the new size")
+            state.next_epoch()
+        self.size = ctx.size
