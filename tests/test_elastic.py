@@ -177,3 +177,13 @@ def test_pretrain_bert_survives_a_killed_worker(need_horovod, tmp_path):
     assert results["completed"] and results["steps"] == 40 and results["world_size"] == 1, results
     steps = [row["step"] for row in rows(out)]
     assert steps == sorted(set(steps)) and steps[-1] == 40, steps  # no step logged twice
+
+
+def test_discover_hosts_lists_a_slurm_allocation(tmp_path):
+    allocation = {"SLURM_JOB_NODELIST": "gpu[1-2],cpu7", "SLURM_TASKS_PER_NODE": "4(x2),1"}
+    ran = python([SCRIPTS / "discover_hosts.py", "--slurm"], timeout=60, env=allocation)
+    assert ran.returncode == 0 and ran.output == "gpu1:4\ngpu2:4\ncpu7:1\n", ran.describe()
+    outside = python([SCRIPTS / "discover_hosts.py", "--slurm"], timeout=60,
+                     env={"SLURM_JOB_NODELIST": "", "SLURM_NODELIST": ""})
+    assert outside.returncode == 2 and outside.output.strip().splitlines() == [
+        "discover_hosts.py: error: SLURM_JOB_NODELIST is not set (not inside a Slurm allocation?)"], outside.describe()

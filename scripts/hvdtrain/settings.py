@@ -31,6 +31,7 @@ OPERATIONAL = {
     "verify_images", "checkpoint_every", "keep_checkpoints", "log_every", "stop_check_every", "stop_after",
     "horovod_timeline", "horovod_autotune", "horovod_autotune_log", "config", "take_over_lock",
     "scaled_lr",  # follows from lr, world_size and accumulation_steps, which are compared
+    "elastic_commit_every",
 }
 
 
