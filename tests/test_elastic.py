@@ -146,6 +146,23 @@ def test_a_killed_worker_on_another_host(need_horovod, two_hosts, tmp_path):
     assert found[-1]["val_top1"] >= 0.95, found[-1]
 
 
+def test_a_stopped_elastic_job_resumes_from_disk_at_another_size(need_horovod, tmp_path):
+    """Checkpoints still work: stopped at step 50 (5 steps into epoch 2) with two workers,
+    relaunched with one, it goes on from that sample and every epoch trains each sample once."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    args = [*CNN, "--output-dir", out, "--epochs", "2"]
+    write_hosts(hostfile, "localhost slots=2")
+    first = launch(elastic_command(hostfile, 2, [*args, "--stop-after", "50"]), timeout=240)
+    assert first.returncode == 0 and "stopped by --stop-after 50" in first.output, first.describe()
+    write_hosts(hostfile, "localhost slots=1")
+    second = launch(elastic_command(hostfile, 1, args), timeout=240)
+    assert second.returncode == 0, second.describe()
+    assert "1 worker x batch 16" in second.output and "resuming at epoch 1 sample 160 (step 50)" in second.output, \
+        second.describe()
+    found = assert_every_epoch_complete(out, 2)
+    assert [row["world_size"] for row in found] == [2, 1], found
+
+
 def test_elastic_needs_an_elastic_launch(need_horovod, tmp_path):
     ran = python([SCRIPTS / "train_cnn.py", "--elastic", "--output-dir", tmp_path / "run"], timeout=120)
     assert ran.returncode == 2
