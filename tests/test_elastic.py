@@ -146,19 +146,32 @@ def test_a_killed_worker_on_another_host(need_horovod, two_hosts, tmp_path):
     assert found[-1]["val_top1"] >= 0.95, found[-1]
 
 
-def test_a_stopped_elastic_job_resumes_from_disk_at_another_size(need_horovod, tmp_path):
-    """Checkpoints still work: stopped at step 50 (5 steps into epoch 2) with two workers,
-    relaunched with one, it goes on from that sample and every epoch trains each sample once."""
+def test_a_signalled_elastic_job_stops_and_resumes_from_disk_at_another_size(need_horovod, tmp_path):
+    """The stop request and the checkpoints work under --elastic: SIGUSR1 to one worker in epoch 2
+    stops both at the same step with a checkpoint; relaunched with one worker, the run goes on from
+    that sample and every epoch trains each sample once."""
     hostfile, out = tmp_path / "hosts", tmp_path / "run"
     args = [*CNN, "--output-dir", out, "--epochs", "2"]
-    write_hosts(hostfile, "localhost slots=2")
-    first = launch(elastic_command(hostfile, 2, [*args, "--stop-after", "50"]), timeout=240)
-    assert first.returncode == 0 and "stopped by --stop-after 50" in first.output, first.describe()
+    write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1")
+    signalled = []
+
+    def signal_worker():
+        pid = worker_pid(out, "127.0.0.1")
+        if pid is not None:
+            os.kill(pid, signal.SIGUSR1)
+            signalled.append(pid)
+
+    wait_then(lambda: mid_epoch_checkpoint(out), signal_worker, 200)
+    first = launch(elastic_command(hostfile, 2, args), timeout=240)
+    stopped = re.search(r"stopped by SIGUSR1 \(rank \d\) at step (\d+)", first.output)
+    assert first.returncode == 0 and signalled and stopped, first.describe()
+    step = int(stopped.group(1))
     write_hosts(hostfile, "localhost slots=1")
     second = launch(elastic_command(hostfile, 1, args), timeout=240)
     assert second.returncode == 0, second.describe()
-    assert "1 worker x batch 16" in second.output and "resuming at epoch 1 sample 160 (step 50)" in second.output, \
-        second.describe()
+    # Epoch 1 took 45 steps of 32 samples (the last of 30).
+    assert "1 worker x batch 16" in second.output, second.describe()
+    assert f"resuming at epoch 1 sample {(step - 45) * 32} (step {step})" in second.output, second.describe()
     found = assert_every_epoch_complete(out, 2)
     assert [row["world_size"] for row in found] == [2, 1], found
 

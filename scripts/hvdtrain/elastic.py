@@ -97,6 +97,10 @@ class Commits(State):
                             f"(step {self.saved['train_state']['step']})")
         for name, part in self._parts().items():
             part.load_state_dict(copy.deepcopy(self.saved[name]))
+            if hasattr(part, "zero_grad"):
+                # The failed step's partial gradients must not add to the next step's.
+                # (Horovod's optimizer forgot its pending allreduces in load_state_dict.)
+                part.zero_grad()
         self._enter_reset_phase()
 
     def check_host_updates(self):
