@@ -342,10 +342,11 @@ def train(run, parts, commits=None, world=None):
                 state.initial_mlm_loss = state.last_row["mlm_loss"]
         if reason:
             return run.stop(reason, results(run, tokens))
-        if settings.checkpoint_every and state.step % settings.checkpoint_every == 0 and state.step < settings.steps:
-            run.checkpoint()
+        # Commit first: once a checkpoint of this step is on disk, every rank holds its commit too.
         if commits is not None and commits.commit_due(state.step):
             commits.commit()  # HostsUpdatedInterrupt from here when hosts were added or removed
+        if settings.checkpoint_every and state.step % settings.checkpoint_every == 0 and state.step < settings.steps:
+            run.checkpoint()
     run.checkpoint()
     finish(run, tokens, parts.model, metadata)
 

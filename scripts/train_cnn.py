@@ -277,11 +277,12 @@ def train_epoch_elastic(run, trainer, train_data, meter, commits, position):
         reason = run.step_done(len(targets))
         if reason:
             return reason
+        # Commit first: once a checkpoint of this step is on disk, every rank holds its commit too.
+        if commits.commit_due(state.step):
+            commits.commit()  # HostsUpdatedInterrupt from here when hosts were added or removed
         if settings.checkpoint_every and state.step % settings.checkpoint_every == 0 and stop < len(train_set):
             position.fold(meter)
             run.checkpoint()
-        if commits.commit_due(state.step):
-            commits.commit()  # HostsUpdatedInterrupt from here when hosts were added or removed
     return None
 
 

@@ -21,7 +21,7 @@ from test_launchers import wait_then
 from two_hosts import INTERFACE, two_hosts  # noqa: F401  (the session fixture)
 
 DIGITS_TRAIN = 1438  # digits samples left for training by the fixed validation split
-# A checkpoint at step 50 (and a commit there): 5 steps into epoch 2 at two workers
+# A checkpoint at step 50 (written after the commit there): 5 steps into epoch 2 at two workers
 # (45 steps an epoch, the last of 30 samples); its file appearing is the moment to
 # kill a worker mid-epoch.
 CNN = [SCRIPTS / "train_cnn.py", "--elastic", "--elastic-commit-every", "10", "--checkpoint-every", "50"]
