@@ -215,3 +215,18 @@ def test_discover_hosts_lists_a_slurm_allocation(tmp_path):
                      env={"SLURM_JOB_NODELIST": "", "SLURM_NODELIST": ""})
     assert outside.returncode == 2 and outside.output.strip().splitlines() == [
         "discover_hosts.py: error: SLURM_JOB_NODELIST is not set (not inside a Slurm allocation?)"], outside.describe()
+
+
+def test_elastic_sampler_trains_every_sample_once_across_size_changes():
+    """The sampler alone: 3 ranks for 4 steps, then 2 from that position, then 5 to the end."""
+    from hvdtrain.sampling import ElasticBatchSampler
+    total, batch, trained, position = 1000, 16, [], 0
+    for size, steps in ((3, 4), (2, 7), (5, None)):
+        samplers = [ElasticBatchSampler(total, rank, size, batch, seed=1) for rank in range(size)]
+        for sampler in samplers:
+            sampler.set_epoch(3, position)
+        per_rank = [list(sampler)[:steps] for sampler in samplers]
+        assert len({len(batches) for batches in per_rank}) == 1  # every rank takes the same steps
+        trained += [index for batches in per_rank for indices in batches for index in indices]
+        position = samplers[0].steps[len(per_rank[0]) - 1][1]
+    assert sorted(trained) == list(range(total)) and position == total
