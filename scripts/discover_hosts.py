@@ -13,6 +13,10 @@ one and it shrinks. Replace the file atomically (write a new file, then
 
 The hostfile takes any form make_hostfile.py reads (``host slots=N``,
 ``host:N``, comments). The path can also come from HVD_DISCOVERY_HOSTFILE.
+Inside a Slurm allocation ``--slurm`` lists the allocation's nodes instead
+(SLURM_JOB_NODELIST, as ``scontrol show hostnames`` expands it, with
+SLURM_TASKS_PER_NODE slots each): a node whose worker died is let in again
+once Horovod's blacklist cooldown ends (``--blacklist-cooldown-range``).
 A missing or broken file is one line on stderr and exit status 2, which
 horovodrun reports; it never prints a partial host list.
 """
@@ -30,18 +34,28 @@ def parse_args(argv=None):
                         help="hostfile to read (default: $HVD_DISCOVERY_HOSTFILE)")
     parser.add_argument("--slots", type=positive_int, default=1,
                         help="slots for a host listed without a count")
+    parser.add_argument("--slurm", action="store_true",
+                        help="the Slurm allocation's nodes (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE) "
+                             "instead of a hostfile")
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.slurm:
+        # --slots only where Slurm gives no task count; a bare hostfile host gets it too.
+        print_hosts(hostlib.from_slurm(os.environ, args.slots))
+        return
     if not args.hostfile:
         raise UsageError("no hostfile: pass one or set HVD_DISCOVERY_HOSTFILE")
     try:
         text = Path(args.hostfile).read_text()
     except OSError as error:
         raise UsageError(f"cannot read {args.hostfile}: {error.strerror}") from None
-    hosts = hostlib.parse_hostfile(text, args.hostfile, default_slots=args.slots)
+    print_hosts(hostlib.parse_hostfile(text, args.hostfile, default_slots=args.slots))
+
+
+def print_hosts(hosts):
     # Horovod's discovery format: one "host:slots" per line.
     sys.stdout.write("".join(f"{host.name}:{host.slots}\n" for host in hosts))
 

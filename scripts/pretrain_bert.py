@@ -20,12 +20,13 @@ same --output-dir resumes at the same step and sample.
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import torch
 import horovod.torch as hvd
 
-from hvdtrain import bert_data, bert_models, checkpoint, cli, consistency, dist, optim
+from hvdtrain import bert_data, bert_models, checkpoint, cli, consistency, dist, elastic, optim
 from hvdtrain import run as run_skeleton
 from hvdtrain.cli import UsageError
 from hvdtrain.metrics import SumMeter, Throughput, rate_text, total_throughput
@@ -70,6 +71,7 @@ def parse_args(argv=None):
     device.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
                         help="autocast dtype; auto: bf16 on CUDA when supported, else fp32")
     device.add_argument("--compile", action="store_true", help="torch.compile the encoder")
+    elastic.add_elastic_arguments(device, commit_every=10)
     out = parser.add_argument_group("output")
     out.add_argument("--export-dir", type=Path, help="Hugging Face model directory (default: OUTPUT_DIR/model)")
     out.add_argument("--log-every", type=cli.positive_int, default=10,
@@ -242,24 +244,44 @@ def resolved_settings(args, ctx, metadata, config, amp_dtype):
     """Everything that decides what the run computes, frozen (and compared on resume)."""
     architecture = {key: getattr(config, key) for key in bert_models.ARCHITECTURE_KEYS}
     precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype]
-    return Settings({**vars(args), "precision": precision, "world_size": ctx.size,
+    # --elastic: the size changes while the run goes on (and between relaunches); not compared on resume.
+    return Settings({**vars(args), "precision": precision, "world_size": "elastic" if args.elastic else ctx.size,
                      "architecture": architecture, "vocab_sha256": metadata["vocab_sha256"],
                      "max_seq_length": metadata["max_seq_length"], "num_instances": metadata["num_instances"],
                      "model": args.model or ("base" if args.config is None and args.init_checkpoint is None
                                              else None)})
 
 
+@dataclass
+class Parts:
+    """What the training loop uses besides the run."""
+    metadata: dict
+    config: Any
+    init: Any
+    model: Any
+    objective: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    amp_dtype: Any
+    meter: SumMeter
+
+
 def main(argv=None):
     args = parse_args(argv)
+    elastic.check_launcher(args.elastic)
     dist.exit_quietly_on_interrupt()
     stop_request = StopRequest()
     dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
-    ctx = dist.init(use_cuda=not args.cpu, threads=args.threads)  # Horovod: hvd.init(), device, threads
-    metadata, config, init = dist.agree_on_errors(load_setup, args, ctx)
-    amp_dtype, use_scaler = dist.agree_on_errors(autocast_settings, args, ctx)
+    # Horovod: hvd.init(), device, threads
+    ctx = dist.init(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
+    agree = lambda check, *a: elastic.agree_before_start(args.elastic, check, *a)  # noqa: E731
+    metadata, config, init = agree(load_setup, args, ctx)
+    amp_dtype, use_scaler = agree(autocast_settings, args, ctx)
     settings = resolved_settings(args, ctx, metadata, config, amp_dtype)
-    consistency.check_ranks_agree(settings, {"shards_sha256": consistency.digest(  # same job on every rank
-        f"{entry['file']} {entry['instances']} {entry.get('sha256', '')}" for entry in metadata["shards"])})
+    if not settings.elastic:  # a worker joining an elastic job may make no collective before its sync
+        consistency.check_ranks_agree(settings, {"shards_sha256": consistency.digest(  # same job on every rank
+            f"{entry['file']} {entry['instances']} {entry.get('sha256', '')}" for entry in metadata["shards"])})
     dist.seed_everything(settings.seed)  # the same initial weights on every rank
     model = bert_models.build_model(config).to(ctx.device)
     encoder = torch.compile(model.bert) if settings.compile else model.bert
@@ -268,21 +290,36 @@ def main(argv=None):
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_scaler)
     dist.seed_everything(settings.seed + 1 + ctx.rank)  # own dropout masks per rank (a resume restores them)
     if init is not None:  # phase 2: the weights only; a resume below replaces them
-        dist.agree_on_errors(load_init_weights, args, model, init)
+        agree(load_init_weights, args, model, init)
     meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
+    parts = Parts(metadata, config, init, model, objective, optimizer, scheduler, scaler, amp_dtype, meter)
     state = BertState()
-    run = Run(ctx, settings, state, {"model": model, "optimizer": optimizer, "scheduler": scheduler,
-                                     "scaler": scaler}, meter, settings.steps, stop_request,
+    components = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    world = elastic.EpochWorld() if settings.elastic else None
+    if world is not None:
+        components["epoch_world"] = world
+    run = Run(ctx, settings, state, components, meter, settings.steps, stop_request,
               extra={"bert_config": model.config.to_dict(), "vocab_sha256": metadata["vocab_sha256"]})
+    if settings.elastic:
+        commits = elastic.Commits(run, settings.elastic_commit_every)
+        return commits.run_elastic(lambda: train(run, parts, commits, world))
     run.start()
+    return train(run, parts)
+
+
+def train(run, parts, commits=None, world=None):
+    """The steps left, in the current world; --elastic enters again after every reset."""
+    settings, state, ctx, metadata, config = run.settings, run.state, run.ctx, parts.metadata, parts.config
     if run.resumed:
         ctx.print0(f"resumed from {settings.output_dir} at step {state.step}")
-    elif init is not None:
-        ctx.print0(f"initialised from {args.init_checkpoint} (its step {init['train_state']['step']})")
+    elif parts.init is not None:
+        ctx.print0(f"initialised from {settings.init_checkpoint} (its step {parts.init['train_state']['step']})")
     if state.step >= settings.steps:
         return run.already_finished()
     if run.stop_after_already_reached():
         return
+    if world is not None:
+        world.follow(state, ctx)
     data = bert_data.PretrainingData(settings.data, metadata, ctx.rank, ctx.size, settings.seed,
                                      settings.batch_size, settings.accumulation_steps, settings.mlm_probability,
                                      binned=not settings.no_binning,
@@ -292,7 +329,7 @@ def main(argv=None):
                  f"global batch {settings.batch_size * settings.accumulation_steps * ctx.size}, "
                  f"{settings.optimizer}, {settings.precision}")
     tokens = Throughput()
-    model.train()
+    parts.model.train()
     while state.step < settings.steps:
         if state.step_in_epoch >= data.steps_in_epoch(state.epoch):
             state.next_epoch()
@@ -302,24 +339,27 @@ def main(argv=None):
                 # A damaged shard on one rank: one line and exit 2 on every rank.
                 # Later shards are read (and checked) as the epoch goes, one ahead.
                 dist.agree_on_errors(data.start_epoch, state.epoch, state.step_in_epoch)
-        lr = scheduler.get_last_lr()[0]
+        lr = parts.scheduler.get_last_lr()[0]
         first_compiled = settings.compile and not tokens.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():
-            done = train_step(settings, ctx, data, state.step_in_epoch, objective, model, optimizer, scaler,
-                              amp_dtype, meter, run.nonfinite)
-        scheduler.step()
+            done = train_step(settings, ctx, data, state.step_in_epoch, parts.objective, parts.model,
+                              parts.optimizer, parts.scaler, parts.amp_dtype, parts.meter, run.nonfinite)
+        parts.scheduler.step()
         tokens.step(done[1])
         reason = run.step_done(done[0])
         if state.step == 1 or state.step % settings.log_every == 0 or state.step == settings.steps:
-            state.last_row = log_row(run, meter, lr)
+            state.last_row = log_row(run, parts.meter, lr)
             if state.step == 1:
                 state.initial_mlm_loss = state.last_row["mlm_loss"]
         if reason:
             return run.stop(reason, results(run, tokens))
+        # Commit first: once a checkpoint of this step is on disk, every rank holds its commit too.
+        if commits is not None and commits.commit_due(state.step):
+            commits.commit()  # HostsUpdatedInterrupt from here when hosts were added or removed
         if settings.checkpoint_every and state.step % settings.checkpoint_every == 0 and state.step < settings.steps:
             run.checkpoint()
     run.checkpoint()
-    finish(run, tokens, model, metadata)
+    finish(run, tokens, parts.model, metadata)
 
 
 def finish(run, tokens, model, metadata):

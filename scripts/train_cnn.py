@@ -13,7 +13,7 @@ everything needed to continue at the exact next batch (see --resume).
 import argparse
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn as nn
@@ -21,13 +21,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 import horovod.torch as hvd
 
-from hvdtrain import batchnorm, cli, consistency, dist, images, optim, signals
+from hvdtrain import batchnorm, cli, consistency, dist, elastic, images, optim, signals
 from hvdtrain import run as run_skeleton
 from hvdtrain.cli import UsageError
-from hvdtrain.metrics import SumMeter, rate_text, topk_correct, total_throughput
+from hvdtrain.metrics import SumMeter, averages, rate_text, topk_correct, total_throughput
 from hvdtrain.models import resnet
 from hvdtrain.run import Run, TrainState
-from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler
+from hvdtrain.sampling import ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
 from hvdtrain.settings import Settings
 from hvdtrain.signals import StopRequest
 
@@ -74,6 +74,7 @@ def parse_args(argv=None):
                          help="divide gradients by this before the sum and by size/factor after")
     horovod.add_argument("--amp", action=flag, help="mixed precision (default: on with CUDA)")
     horovod.add_argument("--channels-last", action=flag, help="NHWC layout (default: on with CUDA)")
+    elastic.add_elastic_arguments(horovod, commit_every=20)
     return parser.parse_args(argv)
 
 
@@ -82,6 +83,7 @@ def check_args(args, ctx):
 
     Returns the resolved values; the same verdict on every rank.
     """
+    elastic.check_launcher(args.elastic)
     if args.use_adasum and args.gradient_predivide_factor != 1.0:
         raise UsageError("--gradient-predivide-factor only applies to averaging, not --use-adasum")
     if args.dataset in ("digits", "synthetic") and args.data:
@@ -156,7 +158,8 @@ class Trainer:
         """One optimizer step; ``guard``: a nonfinite.NonFiniteGuard (skips or stops on NaN/Inf)."""
         images_batch, targets = self.to_device(images_batch, targets)
         before = meter.state_dict()  # a skipped step adds nothing to the metrics
-        for x, y in zip(images_batch.chunk(self.passes), targets.chunk(self.passes)):
+        # tensor_split: always `passes` pieces, also of an --elastic step's uneven batch.
+        for x, y in zip(images_batch.tensor_split(self.passes), targets.tensor_split(self.passes)):
             with self.autocast():
                 logits = self.model(x)
                 loss = self.criterion(logits, y)
@@ -241,6 +244,64 @@ class CnnState(TrainState):
     best_top1: float = 0.0
 
 
+@dataclass
+class ElasticPosition:
+    """--elastic: where the epoch stands in samples (valid at any world size) and its metric totals.
+
+    A checkpoint component. The ranks' metric sums are folded in at every
+    commit, so a lost worker takes none of the committed steps' counts with
+    it: the epoch's row covers every sample once (``train_samples``).
+    """
+    samples: int = 0  # of the epoch's order, trained and committed
+    totals: dict = field(default_factory=dict)  # name -> [sum, count] over every rank
+
+    def state_dict(self):
+        return asdict(self)
+
+    def load_state_dict(self, state):
+        self.samples, self.totals = state["samples"], {k: list(v) for k, v in state["totals"].items()}
+
+    def fold(self, meter):
+        """Add every rank's partial sums to the totals; collective."""
+        for name, (total, count) in meter.reduce_totals("train").items():
+            kept = self.totals.setdefault(name, [0.0, 0.0])
+            kept[0], kept[1] = kept[0] + total, kept[1] + count
+        meter.reset()
+
+    def epoch_metrics(self, meter, world_size):
+        self.fold(meter)
+        return {**averages(self.totals), "train_samples": int(self.totals["train_top1"][1]),
+                "world_size": world_size}
+
+    def next_epoch(self):
+        self.samples, self.totals = 0, {}
+
+
+def train_epoch_elastic(run, trainer, train_data, meter, commits, position):
+    """--elastic: train_epoch from the global sample position at the current world size, with commits."""
+    settings, state = run.settings, run.state
+    train_set, sampler, loader = train_data
+    train_set.set_epoch(state.epoch)
+    sampler.set_epoch(state.epoch, position.samples)
+    peak_lr = used_lr(settings, run.ctx)  # for the current world size
+    with run.ctx.watchdog.phase("starting the data loader"):
+        batches = iter(loader)
+    for (_, stop), (images_batch, targets) in zip(sampler.steps, batches):
+        elastic.follow_schedule(trainer.scheduler, state.epoch * len(train_set) + position.samples, peak_lr)
+        trainer.train_step(images_batch, targets, meter)
+        position.samples = stop
+        reason = run.step_done(len(targets))
+        if reason:
+            return reason
+        # Commit first: once a checkpoint of this step is on disk, every rank holds its commit too.
+        if commits.commit_due(state.step):
+            commits.commit()  # HostsUpdatedInterrupt from here when hosts were added or removed
+        if settings.checkpoint_every and state.step % settings.checkpoint_every == 0 and stop < len(train_set):
+            position.fold(meter)
+            run.checkpoint()
+    return None
+
+
 def train_epoch(run, trainer, train_data, meter):
     """Train the rest of the current epoch; returns why this launch must stop, or None."""
     settings, state = run.settings, run.state
@@ -260,19 +321,22 @@ def train_epoch(run, trainer, train_data, meter):
     return None
 
 
-def end_epoch(run, trainer, val_loader, meter, steps_per_epoch):
+def end_epoch(run, trainer, val_loader, meter, position=None):
     """Evaluate, append the epoch's row, checkpoint (best.pt too when it is the best)."""
     state = run.state
     total_rate, per_worker = total_throughput(run.throughput.window_rate())
     batchnorm.average_statistics(trainer.model)  # what is evaluated is what is saved
+    train_metrics = meter.reduce("train") if position is None else position.epoch_metrics(meter, run.ctx.size)
     with run.ctx.watchdog.phase("evaluating"):  # a long validation set is no hang
         evaluation = trainer.evaluate(val_loader)
-    row = {"epoch": state.epoch + 1, "step": state.step, "lr": trainer.last_lr, **meter.reduce("train"),
+    row = {"epoch": state.epoch + 1, "step": state.step, "lr": trainer.last_lr, **train_metrics,
            **evaluation, "images_per_sec": total_rate,
            "images_per_sec_per_worker": per_worker,
            "epoch_seconds": run.throughput.window_all[1]}
     meter.reset()
     state.next_epoch()
+    if position is not None:
+        position.next_epoch()
     is_best = row["val_top1"] > state.best_top1
     state.best_top1, state.last_row = max(state.best_top1, row["val_top1"]), row
     run.log.record(row, state.step)  # before the checkpoint: a crash in between repeats the row once
@@ -285,6 +349,8 @@ def make_loader(dataset, sampler, batch_size, workers, pin_memory):
     if workers > 0:
         # Horovod: forkserver workers that leave SIGTERM/SIGUSR1 to the rank.
         extra = signals.worker_loader_options()
+    if batch_size is None:  # the sampler yields whole batches (ElasticBatchSampler)
+        return DataLoader(dataset, batch_sampler=sampler, num_workers=workers, pin_memory=pin_memory, **extra)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       pin_memory=pin_memory, drop_last=False, **extra)
 
@@ -294,47 +360,92 @@ def main():
     dist.exit_quietly_on_interrupt()
     stop_request = StopRequest()
     dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
-    ctx = dist.init(use_cuda=not args.cpu, threads=args.threads)  # Horovod: hvd.init() and device
-    vars(args).update(dist.agree_on_errors(check_args, args, ctx))
+    # Horovod: hvd.init() and device
+    ctx = dist.init(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
+    agree = lambda check, *a: elastic.agree_before_start(args.elastic, check, *a)  # noqa: E731
+    vars(args).update(agree(check_args, args, ctx))
     dist.seed_everything(args.seed)
-    train_set, val_set, num_classes, channels = dist.agree_on_errors(load_data, args, ctx)
-    settings = Settings({**vars(args), "world_size": ctx.size, "scaled_lr": used_lr(args, ctx),
-                         "train_samples": len(train_set), "num_classes": num_classes})
-    consistency.check_ranks_agree(settings, data_facts(args, train_set, val_set))  # same job on every rank
-
+    train_set, val_set, num_classes, channels = agree(load_data, args, ctx)
+    # --elastic: the size changes while the run goes on (and between relaunches); not compared on resume.
+    settings = Settings({**vars(args), "world_size": "elastic" if args.elastic else ctx.size,
+                         "scaled_lr": used_lr(args, ctx), "train_samples": len(train_set),
+                         "num_classes": num_classes})
+    if not settings.elastic:  # a worker joining an elastic job may make no collective before its sync
+        consistency.check_ranks_agree(settings, data_facts(args, train_set, val_set))  # same job on every rank
     step_batch = settings.batch_size * settings.accumulation_steps
-    sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, step_batch, settings.seed)
-    steps_per_epoch = sampler.batches_per_epoch
-    cuda = ctx.device.type == "cuda"
-    train_loader = make_loader(train_set, sampler, step_batch, settings.workers, cuda)
-    val_loader = make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
-                             2 * settings.batch_size, settings.workers, cuda)
-    trainer = build_trainer(settings, ctx, num_classes, channels, steps_per_epoch)
+    steps_per_epoch = len(train_set) // (ctx.size * step_batch)
+    # --elastic: the LR schedule counts samples, whose number per epoch no world size changes.
+    trainer = build_trainer(settings, ctx, num_classes, channels,
+                            len(train_set) if settings.elastic else steps_per_epoch)
     meter = SumMeter("train_loss", "train_top1")
     state = CnnState()
-    run = Run(ctx, settings, state, {"model": trainer.model, "optimizer": trainer.optimizer,
-                                     "scheduler": trainer.scheduler, "scaler": trainer.scaler},
-              meter, settings.epochs * steps_per_epoch, stop_request,
+    components = {"model": trainer.model, "optimizer": trainer.optimizer, "scheduler": trainer.scheduler,
+                  "scaler": trainer.scaler}
+    position = ElasticPosition() if settings.elastic else None
+    if position is not None:
+        components["elastic_position"] = position
+    run = Run(ctx, settings, state, components, meter, settings.epochs * steps_per_epoch, stop_request,
               per_rank={"batchnorm": batchnorm.OwnStatistics(trainer.model)},
               shared_view=lambda: batchnorm.averaged(trainer.model))
+    if settings.elastic:
+        commits = elastic.Commits(run, settings.elastic_commit_every, before_commit=lambda: position.fold(meter))
+        return commits.run_elastic(lambda: train(run, trainer, (train_set, val_set), meter, commits, position))
     run.start()
+    return train(run, trainer, (train_set, val_set), meter)
+
+
+def make_loaders(settings, ctx, train_set, val_set):
+    """(sampler, train loader, val loader) for this rank in the current world."""
+    step_batch = settings.batch_size * settings.accumulation_steps
+    if settings.elastic:
+        sampler = ElasticBatchSampler(len(train_set), ctx.rank, ctx.size, step_batch, settings.seed,
+                                      min_share=settings.accumulation_steps)
+    else:
+        sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, step_batch, settings.seed)
+    cuda = ctx.device.type == "cuda"
+    train_loader = make_loader(train_set, sampler, None if settings.elastic else step_batch, settings.workers, cuda)
+    val_loader = make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
+                             2 * settings.batch_size, settings.workers, cuda)
+    return sampler, train_loader, val_loader
+
+
+def train(run, trainer, datasets, meter, commits=None, position=None):
+    """The epochs left, in the current world; --elastic enters again after every reset."""
+    settings, state, ctx = run.settings, run.state, run.ctx
     if state.epoch >= settings.epochs:
         return run.already_finished()
     if run.stop_after_already_reached():
         return
+    train_set, val_set = datasets
+    sampler, train_loader, val_loader = make_loaders(settings, ctx, train_set, val_set)
+    step_batch = settings.batch_size * settings.accumulation_steps
+    if position is not None:  # the steps left at this world size
+        left = (settings.epochs - state.epoch) * len(train_set) - position.samples
+        run.log.retarget(state.step + left // (ctx.size * step_batch))
+    where = (f"epoch {state.epoch} sample {position.samples}" if position else
+             f"epoch {state.epoch} batch {state.step_in_epoch}")
     run.log.info(f"{settings.model} on {settings.dataset}: {len(train_set)} train / {len(val_set)} val images, "
-                 f"{num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
-                 f"{step_batch} = global batch {ctx.size * step_batch}; lr {settings.scaled_lr:g}; "
-                 f"{steps_per_epoch} steps/epoch; device {ctx.device.type}, amp {'on' if settings.amp else 'off'}"
-                 + (f"; resuming at epoch {state.epoch} batch {state.step_in_epoch} (step {state.step})"
-                    if run.resumed else ""))
+                 f"{settings.num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
+                 f"{step_batch} = global batch {ctx.size * step_batch}; lr {used_lr(settings, ctx):g}; "
+                 f"{len(train_set) // (ctx.size * step_batch)} steps/epoch; device {ctx.device.type}, "
+                 f"amp {'on' if settings.amp else 'off'}"
+                 + (f"; resuming at {where} (step {state.step})" if state.step else ""))
     started = time.perf_counter()
     while state.epoch < settings.epochs:
         run.throughput.start_window()
-        reason = train_epoch(run, trainer, (train_set, sampler, train_loader), meter)
-        finished_epoch = state.step_in_epoch == steps_per_epoch
+        if commits is None:
+            reason = train_epoch(run, trainer, (train_set, sampler, train_loader), meter)
+            finished_epoch = state.step_in_epoch == sampler.batches_per_epoch
+        else:
+            reason = train_epoch_elastic(run, trainer, (train_set, sampler, train_loader), meter, commits, position)
+            sampler.set_epoch(state.epoch, position.samples)
+            finished_epoch = len(sampler) == 0
+            if reason:
+                position.fold(meter)  # run.stop checkpoints: the totals, not per-rank sums
         if finished_epoch:
-            end_epoch(run, trainer, val_loader, meter, steps_per_epoch)
+            end_epoch(run, trainer, val_loader, meter, position)
+            if commits is not None:
+                commits.commit()
         if reason:
             return run.stop(reason, results(run, time.perf_counter() - started), checkpoint=not finished_epoch)
     path = run.write_results({**results(run, time.perf_counter() - started), "completed": True})

@@ -94,6 +94,7 @@ def test_shard_format_keeps_its_layout():
 # Options of other programs that the README names, by program; a file's options must be in that file.
 OTHER_PROGRAMS = {
     "horovodrun": {"--gloo", "--mpi", "--min-np", "--max-np", "--network-interface", "--check-build",
+                   "--host-discovery-script", "--blacklist-cooldown-range",
                    "--timeline-filename"},
     "mpirun": {"--bind-to", "--mca", "--oversubscribe"},
     "sbatch, srun, scancel": {"--nodes", "--ntasks-per-node", "--gpus-per-node", "--gpus-per-task",

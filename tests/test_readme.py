@@ -181,6 +181,15 @@ def test_elastic_example(workdir):
     assert "2 2" in (workdir / "runs" / "elastic" / "sizes-rank1.txt").read_text().split("\n"), ran.describe()
 
 
+def test_elastic_cnn_example(workdir):
+    ran = ok(run(workdir, 'horovodrun -np 2 --min-np 1 --max-np 4 --network-interface lo --host-discovery-script '
+                          '"python scripts/discover_hosts.py hostfiles/elastic" '
+                          'python scripts/train_cnn.py --elastic --output-dir runs/cnn-elastic', "--epochs 1",
+                 timeout=180))
+    row = json.loads((workdir / "runs" / "cnn-elastic" / "metrics.jsonl").read_text())
+    assert row["world_size"] == 2 and row["train_samples"] == 1438, (row, ran.describe())
+
+
 # ---------------------------------------------------------------- Troubleshooting
 def one_error_line(ran, script):
     """The one error line; no rank printed a traceback (a launcher's own report may)."""

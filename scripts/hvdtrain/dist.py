@@ -194,7 +194,7 @@ def request_diagnostics(timeline=None, autotune=False, autotune_log=None):
         os.environ["HOROVOD_AUTOTUNE_LOG"] = str(autotune_log)
 
 
-def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
+def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False):
     """Start Horovod, pin this rank to its GPU, and share the CPU cores fairly.
 
     Also starts the progress watchdog: ``ctx.watchdog.step(n)`` after every step
@@ -218,7 +218,10 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None):
 
     # Horovod: one GPU per process (see cuda_device_index); a collective on every
     # rank, CUDA or not, so that a bad GPU layout stops all ranks with one line.
-    index = agree_on_errors(_cuda_device_for_this_rank, use_cuda)
+    if elastic:  # alone: a worker joining a running job must make no collective before its sync
+        index = _cuda_device_for_this_rank(use_cuda)
+    else:
+        index = agree_on_errors(_cuda_device_for_this_rank, use_cuda)
     if index is not None:
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)

@@ -29,6 +29,10 @@ class SumMeter:
 
     def reduce(self, name_prefix="meter"):
         """Averages over every sample on every rank: {name: sum / count}."""
+        return averages(self.reduce_totals(name_prefix))
+
+    def reduce_totals(self, name_prefix="meter"):
+        """{name: [sum, count]} over every rank."""
         names = sorted(self.sums)
         if not names:
             return {}
@@ -36,7 +40,7 @@ class SumMeter:
                              dtype=torch.float64)
         # Horovod: sum the sums and the counts over all ranks.
         total = hvd.allreduce(local, op=hvd.Sum, name=f"{name_prefix}.sums")
-        return {n: (s / c if c else float("nan")) for n, (s, c) in zip(names, total.tolist())}
+        return dict(zip(names, total.tolist()))
 
     def reset(self):
         self.sums = {name: 0.0 for name in self.names}
@@ -49,6 +53,11 @@ class SumMeter:
 
     def load_state_dict(self, state):
         self.sums, self.counts = dict(state["sums"]), dict(state["counts"])
+
+
+def averages(totals):
+    """{name: sum / count} of {name: [sum, count]}."""
+    return {n: (s / c if c else float("nan")) for n, (s, c) in totals.items()}
 
 
 def topk_correct(logits, targets, ks=(1, 5)):

@@ -56,6 +56,13 @@ class RunLog:
             if line:
                 self.info(line)
 
+    def retarget(self, total_steps):
+        """A new estimate of the total steps (--elastic: a step's size follows the world size)."""
+        if self.bar is not None:
+            self.bar.total = total_steps
+        if self.report is not None:
+            self.report.total = total_steps
+
     def record(self, row, step):
         """Append one JSON object to metrics.jsonl and the scalars to TensorBoard."""
         if not self.enabled:

@@ -30,11 +30,7 @@ class ShardedSampler(Sampler):
         self.start_batch = start_batch
 
     def epoch_order(self):
-        if not self.shuffle:
-            return torch.arange(self.num_samples)
-        generator = torch.Generator()
-        generator.manual_seed(self.seed * 100_003 + self.epoch)
-        return torch.randperm(self.num_samples, generator=generator)
+        return epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
 
     def __iter__(self):
         used = self.batches_per_epoch * self.size * self.batch_size
@@ -43,6 +39,63 @@ class ShardedSampler(Sampler):
 
     def __len__(self):
         return (self.batches_per_epoch - self.start_batch) * self.batch_size
+
+
+def epoch_order(num_samples, seed, epoch, shuffle=True):
+    """The epoch's order of the samples: a function of (seed, epoch) only, the same on every rank."""
+    if not shuffle:
+        return torch.arange(num_samples)
+    generator = torch.Generator()
+    generator.manual_seed(seed * 100_003 + epoch)
+    return torch.randperm(num_samples, generator=generator)
+
+
+class ElasticBatchSampler(Sampler):
+    """--elastic: the rest of an epoch from a global sample position, at any world size.
+
+    The epoch's order is ShardedSampler's. Each step takes the next
+    ``size * batch_size`` samples of it (``global_steps``) and rank r the r-th
+    of ``size`` near-equal slices of those, so after a reset the new world goes
+    on from the committed position and every sample of the epoch is trained
+    exactly once, at whatever sizes the epoch ran. Nothing is cut: the last
+    step takes what is left, so ranks' batches may differ by one sample.
+    Yields each step's list of indices (a DataLoader ``batch_sampler``).
+    """
+
+    def __init__(self, num_samples, rank, size, batch_size, seed, min_share=1):
+        self.num_samples, self.rank, self.size = num_samples, rank, size
+        self.batch_size, self.seed, self.min_share = batch_size, seed, min_share
+        self.epoch, self.steps = 0, []
+
+    def set_epoch(self, epoch, position=0):
+        """Reseed for ``epoch``; begin at its global sample ``position``."""
+        self.epoch = epoch
+        self.steps = global_steps(position, self.num_samples, self.size * self.batch_size,
+                                  self.size * self.min_share)
+
+    def __iter__(self):
+        order = epoch_order(self.num_samples, self.seed, self.epoch)
+        for start, stop in self.steps:
+            chunk = order[start:stop]
+            yield chunk[self.rank * len(chunk) // self.size:(self.rank + 1) * len(chunk) // self.size].tolist()
+
+    def __len__(self):
+        return len(self.steps)
+
+
+def global_steps(position, total, global_batch, smallest):
+    """[(start, stop)] of the steps from sample ``position`` to ``total``, ``global_batch`` each.
+
+    A last step of fewer than ``smallest`` samples (one per rank and backward
+    pass: a rank with none would miss the allreduce) joins the step before.
+    A remainder that small on its own (the world grew just before the end of
+    the epoch) is left out.
+    """
+    bounds = list(range(position, total, global_batch)) + [total]
+    if len(bounds) > 2 and total - bounds[-2] < smallest:
+        del bounds[-2]
+    steps = list(zip(bounds, bounds[1:]))
+    return [(start, stop) for start, stop in steps if stop - start >= smallest]
 
 
 class UnpaddedShardSampler(Sampler):

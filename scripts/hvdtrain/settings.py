@@ -32,6 +32,7 @@ OPERATIONAL = {
     "horovod_timeline", "horovod_autotune", "horovod_autotune_log", "config", "take_over_lock",
     "scaled_lr",  # follows from lr, world_size and accumulation_steps, which are compared
     "nonfinite_loss", "max_nonfinite_steps",  # what to do should a loss turn NaN, not what is computed
+    "elastic_commit_every",
 }
 
 

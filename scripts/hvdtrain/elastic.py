@@ -1,0 +1,214 @@
+"""--elastic: the trainers under ``hvd.elastic.run``, with the checkpoint's components as the state.
+
+    horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script "python scripts/discover_hosts.py FILE" \\
+        python scripts/train_cnn.py --elastic
+
+The elastic state is not a second copy of the checkpoint logic: ``Commits``
+holds the run's Checkpointer components (model, optimizer, scheduler, scaler,
+train state and position; the per-rank ones too) as in-memory copies of their
+``state_dict()``s. Every ``--elastic-commit-every`` steps and at each epoch's
+end they are committed (copied); when a worker dies, the survivors load the
+last commit; after every reset rank 0's state goes to every rank with tensor
+broadcasts (``checkpoint.broadcast_state``; never one pickle of the model).
+
+A worker that joins a running job starts the script from the top while the
+others wait in the sync; it must not make a collective before that sync (it
+would pair with the others' broadcasts and hang), so under --elastic the
+setup checks run on each rank alone (``agree_before_start``) and restoring the
+checkpoint from disk happens inside the elastic function, once per job.
+"""
+import contextlib
+import copy
+import os
+
+import horovod.torch as hvd
+from horovod.common.elastic import State
+from horovod.common.exceptions import HostsUpdatedInterrupt
+
+from . import cli, dist
+from .checkpoint import broadcast_state
+from .cli import UsageError
+from .runlog import RunLog, drop_rows_after
+
+ELASTIC_ENV = "HOROVOD_ELASTIC"  # set by horovodrun for --min-np/--max-np/--host-discovery-script jobs
+
+
+def add_elastic_arguments(group, commit_every):
+    group.add_argument("--elastic", action="store_true",
+                       help="Horovod elastic: survive lost workers and admit new ones (launch with horovodrun "
+                            "--min-np/--max-np --host-discovery-script)")
+    group.add_argument("--elastic-commit-every", type=cli.positive_int, default=commit_every, metavar="N",
+                       help="--elastic: commit the state in memory every N steps (and at epoch ends); a lost "
+                            "worker costs at most the steps since the last commit")
+
+
+def check_launcher(elastic):
+    """--elastic outside an elastic horovodrun would wait for a driver that is not there."""
+    if elastic and os.environ.get(ELASTIC_ENV) != "1":
+        raise UsageError("--elastic needs an elastic launch: horovodrun --min-np N --max-np M "
+                         "--host-discovery-script SCRIPT (see README, Elastic training)")
+
+
+def agree_before_start(elastic, check, *args, **kwargs):
+    """``dist.agree_on_errors``, except under --elastic: each rank checks alone.
+
+    A worker admitted later runs this while the others are in the elastic sync;
+    a collective here would never be matched. Every rank reads the same input,
+    so each still stops with the same one line.
+    """
+    if elastic:
+        return check(*args, **kwargs)
+    return dist.agree_on_errors(check, *args, **kwargs)
+
+
+class Commits(State):
+    """The run's checkpoint components as Horovod's elastic state.
+
+    ``save``: copies of every component's state_dict (commit); ``restore``: load
+    them back (a worker was lost mid-step); ``sync``: rank 0's shared components
+    to every rank, then the world (rank, size, log) follows the new size.
+    """
+
+    def __init__(self, run, commit_every, before_commit=None):
+        self.run = run
+        self.commit_every = commit_every
+        self.before_commit = before_commit or (lambda: None)  # e.g. fold metrics into the state
+        self.started = False  # run.start() (the checkpoint on disk) is done, once per job
+        self.saved = None
+        self._reset_phase = contextlib.ExitStack()
+        super().__init__(bcast_object=self._broadcast_small, get_rank=hvd.rank)
+        self.save()
+
+    @staticmethod
+    def _broadcast_small(obj):
+        # Horovod: host-update timestamps, a few bytes (the State's own check).
+        return hvd.broadcast_object(obj, root_rank=0, name="elastic.hosts")
+
+    def _parts(self):
+        checkpointer = self.run.checkpointer
+        return {**checkpointer.shared, **checkpointer.per_rank}
+
+    def save(self):
+        self.saved = {name: copy.deepcopy(part.state_dict()) for name, part in self._parts().items()}
+
+    def restore(self):
+        # Copies again: load_state_dict may keep the given tensors, which training then updates in place.
+        self.run.ctx.print0("elastic: a worker was lost; back to the last commit "
+                            f"(step {self.saved['train_state']['step']})")
+        for name, part in self._parts().items():
+            part.load_state_dict(copy.deepcopy(self.saved[name]))
+            if hasattr(part, "zero_grad"):
+                # The failed step's partial gradients must not add to the next step's.
+                # (Horovod's optimizer forgot its pending allreduces in load_state_dict.)
+                part.zero_grad()
+        self._enter_reset_phase()
+
+    def check_host_updates(self):
+        try:
+            super().check_host_updates()
+        except HostsUpdatedInterrupt:
+            self._enter_reset_phase()
+            raise  # hvd.elastic.run re-forms the world
+
+    def sync(self):
+        """Rank 0's shared components (and whether the run started) on every rank."""
+        ctx = self.run.ctx
+        with ctx.watchdog.phase("synchronising the elastic state"):
+            shared = self.run.checkpointer.shared
+            mine = {"started": self.started, **{name: part.state_dict() for name, part in shared.items()}}
+            received = broadcast_state(mine if hvd.rank() == 0 else None, root_rank=0)
+            if hvd.rank() != 0:
+                for name, part in shared.items():
+                    part.load_state_dict(received[name])
+            self.started = received["started"]
+        self._reset_phase.close()
+        self._follow_world()
+        self.save()
+
+    def _enter_reset_phase(self):
+        # Shutting Horovod down and waiting for the new world can take a while: not a stall.
+        self._reset_phase.close()
+        self._reset_phase.enter_context(self.run.ctx.watchdog.phase("an elastic reset"))
+
+    def _follow_world(self):
+        """The context and the log follow this worker's rank in the new world."""
+        ctx, run = self.run.ctx, self.run
+        ctx.rank, ctx.size, ctx.local_rank, ctx.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
+        ctx.watchdog.rank = ctx.rank
+        if not self.started:
+            return
+        if run.log is None or run.log.enabled != ctx.is_main:
+            if run.log is not None:
+                run.log.close()
+            # A new rank 0 (or a worker that joined) writes the log from the committed step on.
+            run.log = RunLog(ctx, run.settings.output_dir, run.total_steps, resumed_step=run.state.step)
+        elif ctx.is_main:
+            # Rows of steps after the commit are written again when those steps are redone.
+            drop_rows_after(run.log.metrics_path, run.state.step)
+
+    def commit_due(self, step):
+        return step % self.commit_every == 0
+
+    def commit(self):
+        """Fold what must be shared, copy the state; HostsUpdatedInterrupt when hosts changed."""
+        self.before_commit()
+        super().commit()
+
+    def run_elastic(self, train):
+        """``train()`` under hvd.elastic.run; the checkpoint on disk is restored once, by the first world.
+
+        HorovodInternalError and HostsUpdatedInterrupt reach hvd.elastic.run,
+        which restores or keeps the last commit, re-forms the world, syncs and
+        calls ``train()`` again; ``train`` reads the rank, size and position anew.
+        """
+        @hvd.elastic.run
+        def elastic_train(state):
+            if not state.started:
+                self.run.start()  # the first world: every rank is here together
+                state.started = True
+                state.save()
+            return train()
+
+        return elastic_train(self)
+
+
+def follow_schedule(scheduler, progress, peak_lr):
+    """--elastic: set the LR for ``progress`` (in the scheduler's units) and this world's ``peak_lr``.
+
+    The LambdaLR is built in samples, not steps: a step's length in samples
+    changes with the world size, the schedule must not. The peak LR follows
+    the size (Goyal et al.'s scaling) from the first step after a reset.
+    """
+    scheduler.base_lrs = [peak_lr] * len(scheduler.base_lrs)
+    scheduler.last_epoch = progress
+    for group, factor in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas):
+        group["lr"] = peak_lr * factor(progress)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
+class EpochWorld:
+    """--elastic, for data whose order within an epoch depends on the world size (BERT's shards
+    are split among the ranks): the size the epoch's position was reached at. A checkpoint component.
+
+    At another size the epoch's remaining samples cannot be told apart from the
+    trained ones, so the epoch ends there and the next one starts at the new
+    size: after a resize nothing is trained twice, the rest of that epoch waits
+    for the next (as the remainder that does not fill a step does).
+    """
+
+    def __init__(self):
+        self.size = 0
+
+    def state_dict(self):
+        return {"size": self.size}
+
+    def load_state_dict(self, state):
+        self.size = state["size"]
+
+    def follow(self, state, ctx):
+        """Called on every (re)entry, with the train state that every rank now shares."""
+        if state.step_in_epoch and self.size and self.size != ctx.size:
+            ctx.print0(f"elastic: {ctx.size} rank(s) instead of {self.size}: epoch {state.epoch} ends at "
+                       f"step {state.step_in_epoch} of it; the next starts at the new size")
+            state.next_epoch()
+        self.size = ctx.size

@@ -1,0 +1,232 @@
+"""--elastic under a real elastic horovodrun: a worker killed with SIGKILL mid-epoch, a host that returns.
+
+The host discovery script reads a hostfile the test rewrites. On one machine
+the two "hosts" are the names localhost and 127.0.0.1 (Horovod blacklists the
+host of a failed worker, so the survivor must be on another name), and across
+the two network-namespace hosts of two_hosts.py they are hvd-a and hvd-b.
+
+What every test checks in the run's metrics.jsonl: each epoch trained every
+sample of the data set exactly once (``train_samples``, summed over the ranks
+at each commit, so a sample trained twice or lost would change it), whatever
+world sizes the epoch ran at.
+"""
+import json
+import os
+import re
+import signal
+import sys
+
+from launch import SCRIPTS, launch, python
+from test_launchers import wait_then
+from two_hosts import INTERFACE  # the two_hosts session fixture comes from conftest
+
+DIGITS_TRAIN = 1438  # digits samples left for training by the fixed validation split
+# A checkpoint at step 50 (written after the commit there): 5 steps into epoch 2 at two workers
+# (45 steps an epoch, the last of 30 samples); its file appearing is the moment to
+# kill a worker mid-epoch.
+CNN = [SCRIPTS / "train_cnn.py", "--elastic", "--elastic-commit-every", "10", "--checkpoint-every", "50"]
+MID_EPOCH_2 = "step-000000050.pt"
+
+
+def discovery(hostfile):
+    return f"{sys.executable} {SCRIPTS / 'discover_hosts.py'} {hostfile}"
+
+
+def write_hosts(path, *lines):
+    """Atomically, as discover_hosts.py asks."""
+    new = path.with_name(path.name + ".new")
+    new.write_text("".join(f"{line}\n" for line in lines))
+    new.replace(path)
+
+
+def elastic_command(hostfile, np, script_args, interface="lo", extra=()):
+    # --network-interface: an elastic job otherwise waits for two hosts to compare NICs.
+    return ["horovodrun", "-np", np, "--min-np", "1", "--max-np", np, "--network-interface", interface,
+            "--host-discovery-script", discovery(hostfile), *extra, sys.executable, *script_args]
+
+
+def rows(output_dir):
+    path = output_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def worker_pid(output_dir, hostname):
+    """The pid of the rank started for ``hostname`` whose command names ``output_dir``, or None.
+
+    The Python process itself: not the ssh client that started it on another host.
+    """
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            command = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            environ = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if (os.path.basename(command[0]).startswith(b"python") and str(output_dir).encode() in command
+                and f"HOROVOD_HOSTNAME={hostname}".encode() in environ):
+            return int(entry)
+    return None
+
+
+def kill_worker(output_dir, hostname, killed):
+    pid = worker_pid(output_dir, hostname)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+
+def mid_epoch_checkpoint(output_dir):
+    return (output_dir / MID_EPOCH_2).exists()
+
+
+def world_sizes(ran):
+    """The world sizes rank 0 announced, in order: one line per (re)start of training.
+
+    From the whole output: horovodrun tags lines by the worker's first slot, so
+    a survivor that became rank 0 still prints as [1].
+    """
+    return [int(n) for n in re.findall(r"(\d+) workers? x batch", ran.output)]
+
+
+def assert_every_epoch_complete(output_dir, epochs):
+    found = rows(output_dir)
+    assert [row["epoch"] for row in found] == list(range(1, epochs + 1)), found
+    assert all(row["train_samples"] == DIGITS_TRAIN for row in found), \
+        [(row["epoch"], row["train_samples"], row["world_size"]) for row in found]
+    return found
+
+
+def test_a_killed_worker_leaves_the_job_and_its_returning_host_rejoins(need_horovod, tmp_path):
+    """One machine: SIGKILL the rank on 127.0.0.1 in epoch 2; the job goes on alone on
+    localhost; 127.0.0.1 returns to the discovery output and rejoins; digits still >= 0.95."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1")
+    killed = []
+
+    def kill_and_drop():
+        kill_worker(out, "127.0.0.1", killed)
+        write_hosts(hostfile, "localhost slots=1")
+        # Once an epoch has ended after the kill, the host comes back.
+        wait_then(lambda: len(rows(out)) >= 3,
+                  lambda: write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1"), 200)
+
+    wait_then(lambda: mid_epoch_checkpoint(out), kill_and_drop, 200)
+    # The blacklist cooldown lets the killed worker's host in again once it is listed.
+    ran = launch(elastic_command(hostfile, 2, [*CNN, "--output-dir", out],
+                                 extra=["--blacklist-cooldown-range", "1", "2"]), timeout=300)
+    assert ran.returncode == 0, ran.describe()
+    assert killed, "the worker on 127.0.0.1 was never found to kill"
+    sizes = world_sizes(ran)
+    assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2 and sizes.index(1) < len(sizes) - 1, \
+        (sizes, ran.describe())
+    # The survivor went on from the last commit in epoch 2 (0-based 1), not from its start.
+    resumed = re.search(r"resuming at epoch 1 sample (\d+)", ran.output)
+    assert resumed and int(resumed.group(1)) >= 5 * 32, ran.describe()
+    found = assert_every_epoch_complete(out, 8)
+    assert found[-1]["val_top1"] >= 0.95, found[-1]
+    results = json.loads((out / "results.json").read_text())
+    assert results["completed"] and results["world_size"] == 2, results
+
+
+def test_a_killed_worker_on_another_host(need_horovod, two_hosts, tmp_path):
+    """Across two hosts (ssh to hvd-b): SIGKILL the rank on hvd-b mid-epoch; hvd-a finishes alone."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "hvd-a slots=1", "hvd-b slots=1")
+    killed = []
+    wait_then(lambda: mid_epoch_checkpoint(out), lambda: kill_worker(out, "hvd-b", killed), 200)
+    ran = launch(two_hosts.on_a(elastic_command(hostfile, 2, [*CNN, "--output-dir", out], interface=INTERFACE)),
+        timeout=300, env=two_hosts.env())
+    assert ran.returncode == 0, ran.describe()
+    assert killed, "the worker on hvd-b was never found to kill"
+    assert world_sizes(ran)[0] == 2 and world_sizes(ran)[-1] == 1, ran.describe()
+    found = assert_every_epoch_complete(out, 8)
+    assert found[-1]["val_top1"] >= 0.95, found[-1]
+
+
+def test_a_signalled_elastic_job_stops_and_resumes_from_disk_at_another_size(need_horovod, tmp_path):
+    """The stop request and the checkpoints work under --elastic: SIGUSR1 to one worker in epoch 2
+    stops both at the same step with a checkpoint; relaunched with one worker, the run goes on from
+    that sample and every epoch trains each sample once."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    args = [*CNN, "--output-dir", out, "--epochs", "2"]
+    write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1")
+    signalled = []
+
+    def signal_worker():
+        pid = worker_pid(out, "127.0.0.1")
+        if pid is not None:
+            os.kill(pid, signal.SIGUSR1)
+            signalled.append(pid)
+
+    wait_then(lambda: mid_epoch_checkpoint(out), signal_worker, 200)
+    first = launch(elastic_command(hostfile, 2, args), timeout=240)
+    stopped = re.search(r"stopped by SIGUSR1 \(rank \d\) at step (\d+)", first.output)
+    assert first.returncode == 0 and signalled and stopped, first.describe()
+    step = int(stopped.group(1))
+    write_hosts(hostfile, "localhost slots=1")
+    second = launch(elastic_command(hostfile, 1, args), timeout=240)
+    assert second.returncode == 0, second.describe()
+    # Epoch 1 took 45 steps of 32 samples (the last of 30).
+    assert "1 worker x batch 16" in second.output, second.describe()
+    assert f"resuming at epoch 1 sample {(step - 45) * 32} (step {step})" in second.output, second.describe()
+    found = assert_every_epoch_complete(out, 2)
+    assert [row["world_size"] for row in found] == [2, 1], found
+
+
+def test_elastic_needs_an_elastic_launch(need_horovod, tmp_path):
+    ran = python([SCRIPTS / "train_cnn.py", "--elastic", "--output-dir", tmp_path / "run"], timeout=120)
+    assert ran.returncode == 2
+    assert "error: --elastic needs an elastic launch" in ran.output, ran.describe()
+    assert "Traceback" not in ran.output, ran.describe()
+
+
+def test_pretrain_bert_survives_a_killed_worker(need_horovod, tmp_path):
+    """BERT --elastic: SIGKILL the rank on 127.0.0.1 after step 10; localhost finishes every step alone."""
+    from test_bert import make_small_static_data
+    data = make_small_static_data(tmp_path)
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1")
+    killed = []
+
+    def kill_and_drop():
+        kill_worker(out, "127.0.0.1", killed)
+        write_hosts(hostfile, "localhost slots=1")
+
+    wait_then(lambda: (out / "step-000000010.pt").exists(), kill_and_drop, 200)
+    ran = launch(elastic_command(hostfile, 2, [
+        SCRIPTS / "pretrain_bert.py", "--elastic", "--data", data, "--output-dir", out, "--model", "tiny",
+        "--batch-size", "8", "--steps", "40", "--log-every", "5", "--checkpoint-every", "10",
+        "--elastic-commit-every", "5"]), timeout=300)
+    assert ran.returncode == 0, ran.describe()
+    assert killed, "the worker on 127.0.0.1 was never found to kill"
+    assert re.findall(r"(\d+) rank\(s\), global batch", ran.output) == ["2", "1"], ran.describe()
+    results = json.loads((out / "results.json").read_text())
+    assert results["completed"] and results["steps"] == 40 and results["world_size"] == 1, results
+    steps = [row["step"] for row in rows(out)]
+    assert steps == sorted(set(steps)) and steps[-1] == 40, steps  # no step logged twice
+
+
+def test_discover_hosts_lists_a_slurm_allocation(tmp_path):
+    allocation = {"SLURM_JOB_NODELIST": "gpu[1-2],cpu7", "SLURM_TASKS_PER_NODE": "4(x2),1"}
+    ran = python([SCRIPTS / "discover_hosts.py", "--slurm"], timeout=60, env=allocation)
+    assert ran.returncode == 0 and ran.output == "gpu1:4\ngpu2:4\ncpu7:1\n", ran.describe()
+    outside = python([SCRIPTS / "discover_hosts.py", "--slurm"], timeout=60,
+                     env={"SLURM_JOB_NODELIST": "", "SLURM_NODELIST": ""})
+    assert outside.returncode == 2 and outside.output.strip().splitlines() == [
+        "discover_hosts.py: error: SLURM_JOB_NODELIST is not set (not inside a Slurm allocation?)"], outside.describe()
+
+
+def test_elastic_sampler_trains_every_sample_once_across_size_changes():
+    """The sampler alone: 3 ranks for 4 steps, then 2 from that position, then 5 to the end."""
+    from hvdtrain.sampling import ElasticBatchSampler
+    total, batch, trained, position = 1000, 16, [], 0
+    for size, steps in ((3, 4), (2, 7), (5, None)):
+        samplers = [ElasticBatchSampler(total, rank, size, batch, seed=1) for rank in range(size)]
+        for sampler in samplers:
+            sampler.set_epoch(3, position)
+        per_rank = [list(sampler)[:steps] for sampler in samplers]
+        assert len({len(batches) for batches in per_rank}) == 1  # every rank takes the same steps
+        trained += [index for batches in per_rank for indices in batches for index in indices]
+        position = samplers[0].steps[len(per_rank[0]) - 1][1]
+    assert sorted(trained) == list(range(total)) and position == total
