@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import conftest  # noqa: E402,F401  (first: two_hosts imports it, and it imports two_hosts)
 from launch import SCRIPTS, launch  # noqa: E402
 from two_hosts import INTERFACE, TwoHosts, require_two_hosts, sh  # noqa: E402
 

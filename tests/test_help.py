@@ -118,3 +118,14 @@ def test_every_option_the_readme_names_exists():
             assert all(option in source for option in options), program
         known |= options
     assert not named - known, f"README.md names options no script has: {sorted(named - known)}"
+
+
+MEASUREMENT_TOOLS = sorted([REPO / "tests" / "link_study.py", *(REPO / "tests" / "tools").glob("*.py")])
+
+
+@pytest.mark.parametrize("tool", MEASUREMENT_TOOLS, ids=[tool.name for tool in MEASUREMENT_TOOLS])
+def test_measurement_tools_start_as_programs(tool):
+    """The README's measurement tools run as programs, outside pytest (which imports
+    conftest first: a tool that imports a test helper must not trip on that order)."""
+    ran = python([tool, "--help"], timeout=60)
+    assert ran.returncode == 0 and "usage:" in ran.output, ran.describe()

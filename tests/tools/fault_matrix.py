@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import conftest  # noqa: E402,F401  (first: slurm_cluster imports it, and it imports slurm_cluster)
 from fault_cells import FAULTS, LAUNCHERS, run_cell  # noqa: E402
 
 

@@ -3,6 +3,7 @@
 
     python tests/tools/measure_stream_rss.py DATA_DIR STEPS
 """
+import argparse
 import resource
 import sys
 import time
@@ -29,4 +30,8 @@ def main(directory, steps):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data_dir", help="prepared BERT data (shards and metadata.json)")
+    parser.add_argument("steps", type=int, help="batches of 64 to read")
+    args = parser.parse_args()
+    main(args.data_dir, args.steps)
