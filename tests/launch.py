@@ -14,6 +14,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
+# horovodrun tags rank lines "[1]<stderr>:" (gloo) or "[1,1]<stderr>:" (MPI).
+RANK_TRACEBACK = re.compile(r"\[[\d,]+\]<std(?:out|err)>:\s*Traceback")
 VENV_BIN = Path(sys.executable).parent
 
 # horovodrun --gloo tags lines "[1]<stdout>:", mpirun/horovodrun --mpi "[1,1]<stdout>:".
@@ -106,3 +108,13 @@ def horovodrun(np, script_args, timeout, transport="gloo", env=None, extra=()):
 def python(script_args, timeout, env=None):
     """A single-process run of a script (no launcher)."""
     return launch([sys.executable, *script_args], timeout, env=env)
+
+
+def the_one_error_line(run, *fragments):
+    """The job's single "SCRIPT.py: error:" line, holding every fragment; no rank traceback."""
+    assert not RANK_TRACEBACK.search(run.output), run.describe()
+    errors = [line for line in run.output.splitlines() if re.search(r"\w+\.py: error:", line)]
+    assert len(errors) == 1, run.describe()
+    for fragment in fragments:
+        assert fragment in errors[0], run.describe()
+    return errors[0]

@@ -8,8 +8,7 @@ import re
 import pytest
 import torch
 
-from launch import REPO, SCRIPTS, horovodrun
-from test_train_cnn import RANK_TRACEBACK
+from launch import RANK_TRACEBACK, REPO, SCRIPTS, horovodrun, the_one_error_line
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 
@@ -29,12 +28,7 @@ def one_line_error(run, *fragments):
     """Exit status 2 on the ranks, one line, no rank traceback (horovodrun's own report aside)."""
     assert run.returncode != 0 and not run.timed_out, run.describe()
     assert re.search(r"Exit code: 2\b", run.output), run.describe()
-    assert not RANK_TRACEBACK.search(run.output), run.describe()
-    errors = [line for line in run.output.splitlines() if re.search(r"\w+\.py: error:", line)]
-    assert len(errors) == 1, run.describe()
-    for fragment in fragments:
-        assert fragment in errors[0], run.describe()
-    return errors[0]
+    return the_one_error_line(run, *fragments)
 
 
 def rows(directory, drop=("images_per_sec", "images_per_sec_per_worker", "epoch_seconds")):

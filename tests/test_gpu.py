@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import require
-from launch import SCRIPTS, horovodrun, launch
+from launch import RANK_TRACEBACK, SCRIPTS, horovodrun, launch
 from test_bert import make_small_static_data
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_horovod")]
@@ -27,7 +27,6 @@ PRETRAIN = SCRIPTS / "pretrain_bert.py"
 NP = max(1, min(2, torch.cuda.device_count()))
 # Compilation and cuDNN autotuning make first steps slow; the stall watchdog must wait.
 ENV = {"HVDTRAIN_WATCHDOG_SECONDS": "900", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "900"}
-RANK_TRACEBACK = re.compile(r"\[[\d,]+\]<std(?:out|err)>:\s*Traceback")
 
 
 def ok(run):

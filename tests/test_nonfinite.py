@@ -14,10 +14,9 @@ import torch
 
 from hvdtrain import nonfinite
 from hvdtrain.cli import UsageError
-from launch import REPO, horovodrun
+from launch import REPO, horovodrun, the_one_error_line
 from test_bert import PRETRAIN, make_small_static_data
 from test_checkpoints import CNN, QUICK_CNN, ok
-from test_train_cnn import RANK_TRACEBACK
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 
@@ -32,12 +31,7 @@ def inject(spec):
 def stopped(run, status, *fragments):
     """Every rank ended with ``status`` after one error line holding ``fragments``."""
     assert not run.timed_out, run.describe()
-    assert not RANK_TRACEBACK.search(run.output), run.describe()
-    errors = [line for line in run.output.splitlines() if re.search(r"\w+\.py: error:", line)]
-    assert len(errors) == 1, run.describe()
-    for fragment in fragments:
-        assert fragment in errors[0], run.describe()
-    return errors[0]
+    return the_one_error_line(run, *fragments)
 
 
 def test_every_rank_skips_the_same_steps_and_keeps_equal_finite_weights():

@@ -16,8 +16,8 @@ import re
 
 import pytest
 
-from launch import REPO, VENV_BIN, launch
-from test_train_cnn import RANK_TRACEBACK, make_cifar10
+from launch import RANK_TRACEBACK, REPO, VENV_BIN, launch
+from test_train_cnn import make_cifar10
 
 pytestmark = pytest.mark.usefixtures("need_horovod", "need_mpi")
 

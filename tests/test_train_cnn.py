@@ -10,11 +10,9 @@ import pytest
 import torch
 
 from image_data import make_image_folder
-from launch import SCRIPTS, horovodrun, launch, python
+from launch import RANK_TRACEBACK, SCRIPTS, horovodrun, launch, python
 
 SCRIPT = str(SCRIPTS / "train_cnn.py")
-# horovodrun tags rank lines "[1]<stderr>:" (gloo) or "[1,1]<stderr>:" (MPI).
-RANK_TRACEBACK = re.compile(r"\[[\d,]+\]<std(?:out|err)>:\s*Traceback")
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 
