@@ -288,7 +288,7 @@ def train_epoch_elastic(run, trainer, train_data, meter, commits, position):
         batches = iter(loader)
     for (_, stop), (images_batch, targets) in zip(sampler.steps, batches):
         elastic.follow_schedule(trainer.scheduler, state.epoch * len(train_set) + position.samples, peak_lr)
-        trainer.train_step(images_batch, targets, meter)
+        trainer.train_step(images_batch, targets, meter, run.nonfinite)
         position.samples = stop
         reason = run.step_done(len(targets))
         if reason:
