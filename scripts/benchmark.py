@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,7 +70,8 @@ def parse_args(argv=None):
     scaling = modes.add_parser("scaling", help="run train for several world sizes with horovodrun",
                                epilog="Arguments after -- go to `benchmark.py train`.")
     scaling.add_argument("--np", nargs="+", type=cli.positive_int, default=[1, 2], help="world sizes")
-    scaling.add_argument("--controller", choices=["gloo", "mpi"], default="gloo", help="horovodrun --gloo or --mpi")
+    scaling.add_argument("--controller", choices=["gloo", "mpi"], default="mpi",
+                         help="horovodrun --mpi (horovodrun's own default where MPI is installed) or --gloo")
     scaling.add_argument("--horovodrun-args", default="",
                          help="more horovodrun options, e.g. '-H a:2,b:2 --network-interface eth0'")
     scaling.add_argument("--output-dir", type=Path, default=Path("runs/scaling"),
@@ -79,7 +81,8 @@ def parse_args(argv=None):
                                                "interleaved, with their ratios",
                                epilog="Arguments after -- go to every `benchmark.py train` run.")
     compare.add_argument("--np", type=cli.positive_int, default=2, help="workers of the Horovod and DDP runs")
-    compare.add_argument("--controller", choices=["gloo", "mpi"], default="gloo", help="horovodrun --gloo or --mpi")
+    compare.add_argument("--controller", choices=["gloo", "mpi"], default="mpi",
+                         help="horovodrun --mpi (horovodrun's own default where MPI is installed) or --gloo")
     compare.add_argument("--repeats", type=cli.positive_int, default=3,
                          help="rounds of the four runs, one after another (drift hits all four alike)")
     compare.add_argument("--horovod-args", default="",
@@ -389,12 +392,21 @@ def launch_train(args, size, train_args, output, launcher=True):
     output.unlink(missing_ok=True)
     command = [sys.executable, str(Path(__file__).resolve()), "train", *train_args, "--output", str(output)]
     if launcher:
-        command = ["horovodrun", "-np", str(size), f"--{args.controller}", *shlex.split(args.horovodrun_args),
+        command = [horovodrun(), "-np", str(size), f"--{args.controller}", *shlex.split(args.horovodrun_args),
                    *command]
     print(f"$ {shlex.join(command)}", flush=True)
     if not run_bounded(command, args.timeout) or not output.is_file():
         raise UsageError(f"a benchmark run failed (command above); no {output}")
     return json.loads(output.read_text())
+
+
+def horovodrun():
+    """horovodrun from PATH, else the one installed beside this Python (an unactivated venv)."""
+    found = shutil.which("horovodrun") or shutil.which("horovodrun", path=str(Path(sys.executable).parent))
+    if found is None:
+        raise UsageError("horovodrun not found on PATH or beside this Python: activate the venv "
+                         "(source .venv/bin/activate) or install Horovod")
+    return found
 
 
 def scaling(args):
