@@ -6,7 +6,8 @@
     python scripts/benchmark.py train --model resnet20 --baseline none                  # no distribution
     mpirun -np 2 python scripts/benchmark.py allreduce          # hvd.allreduce vs mpi4py vs torch.distributed
     python scripts/benchmark.py scaling --np 1 2 --output-dir runs/scaling -- --model resnet20
-    python scripts/benchmark.py compare --np 2 --repeats 3 -- --model bert-mini   # all four, with ratios
+    python scripts/benchmark.py compare --np 2 --repeats 3 -- --model bert-mini   # side by side, with ratios
+    python scripts/benchmark.py timeline runs/timeline.json   # where the time went (--horovod-timeline)
 
 train: synthetic data through the trainers' own models and training steps
 (train_cnn.Trainer.train_step, pretrain_bert.train_step); warm-up steps are
@@ -16,8 +17,11 @@ allreduce: a message-size sweep with time, algorithm bandwidth and bus
 bandwidth (algbw x 2(n-1)/n) side by side, as nccl-tests reports them.
 scaling: launches `horovodrun -np N ... train` for each N and writes a table,
 scaling.json and scaling.png (throughput and efficiency T(N) / (N T(1))).
-compare: Horovod and DDP on N workers, Horovod on one and the plain loop,
-interleaved for --repeats rounds; medians and their ratios in compare.json.
+compare: Horovod and DDP on N workers, Horovod on one, the plain loop and N
+plain loops at once (the machine's own weak-scaling ceiling), interleaved for
+--repeats rounds; medians and their ratios in compare.json.
+timeline: totals per activity (negotiation, allreduce, fusion-buffer copies)
+and the number of collectives in a Horovod timeline.
 Every result file records the environment and the exact command.
 """
 import argparse
@@ -25,26 +29,17 @@ import json
 import os
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
-import torch.nn as nn
 
-from hvdtrain import bench, bert_models, cli, optim
+from hvdtrain import bench, bench_workloads as workloads, cli
 from hvdtrain.cli import UsageError
-from hvdtrain.metrics import SumMeter
-from hvdtrain.models import resnet
 from hvdtrain.run import add_horovod_diagnostics
 
-CNN_MODELS = {"resnet20": (32, 10), "resnet56": (32, 10), "resnet18": (224, 1000), "resnet50": (224, 1000),
-              "convnet": (32, 10)}  # name -> (image size, classes)
-BERT_MODELS = {f"bert-{name}": name for name in bert_models.PRESETS}
-CHUNKS = 5  # allreduce timings: the median of this many chunks of iterations
 KNOB_VARIABLES = {"fusion_threshold_mb": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME"}
 
 
@@ -91,6 +86,10 @@ def parse_args(argv=None):
     compare.add_argument("--output-dir", type=Path, default=Path("runs/compare"),
                          help="one JSON per run, compare.json")
     compare.add_argument("--timeout", type=cli.positive_int, default=1800, help="seconds per launch")
+    timeline = modes.add_parser("timeline", help="where the time went in a Horovod timeline "
+                                                 "(--horovod-timeline): totals per activity")
+    timeline.add_argument("file", type=Path, help="the timeline JSON (a run still writing it is fine)")
+    timeline.add_argument("--output", type=Path, metavar="FILE", help="also write the summary as JSON here")
     argv = sys.argv[1:] if argv is None else argv
     passed = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -109,7 +108,7 @@ def add_common_arguments(parser):
 
 
 def add_train_arguments(parser):
-    parser.add_argument("--model", choices=[*CNN_MODELS, *BERT_MODELS], default="resnet20", help="what to train")
+    parser.add_argument("--model", choices=workloads.MODELS, default="resnet20", help="what to train")
     parser.add_argument("--baseline", choices=["ddp", "none"],
                         help="instead of Horovod: DistributedDataParallel, or one process without distribution")
     parser.add_argument("--batch-size", type=cli.positive_int, default=32,
@@ -153,84 +152,6 @@ def size_in_bytes(text):
 
 
 # ============================================================================= train
-class CnnWorkload:
-    """A ResNet step of train_cnn.py on a fixed synthetic batch per rank."""
-
-    def __init__(self, args, backend):
-        from train_cnn import Trainer  # the trainer's own step, not a copy
-        size, classes = CNN_MODELS[args.model]
-        size = args.image_size or size
-        model = resnet.build(args.model, classes).to(backend.device)
-        if args.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        module, optimizer = backend.wrap(model, list(model.named_parameters()), optimizer)
-        amp = args.amp and backend.device.type == "cuda"
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-        scaler = torch.amp.GradScaler(backend.device.type, enabled=amp)
-        self.trainer = Trainer(module, optimizer, scheduler, scaler, nn.CrossEntropyLoss(), backend.device, amp,
-                               args.channels_last, args.accumulation_steps, adasum=False)
-        generator = torch.Generator().manual_seed(args.seed * 1000 + backend.rank)
-        samples = args.batch_size * args.accumulation_steps
-        self.images = torch.randn(samples, 3, size, size, generator=generator)
-        self.targets = torch.randint(0, classes, (samples,), generator=generator)
-        self.samples, self.unit = samples, "images"
-
-    def step(self):
-        meter = SumMeter("train_loss", "train_top1")
-        self.trainer.train_step(self.images, self.targets, meter)
-        return meter.sums["train_loss"] / meter.counts["train_loss"]
-
-
-class BertWorkload:
-    """A BERT pretraining step of pretrain_bert.py on synthetic masked sequences."""
-
-    def __init__(self, args, backend):
-        from pretrain_bert import train_step  # the trainer's own step, not a copy
-        self.train_step = train_step
-        config = bert_models.preset_config(BERT_MODELS[args.model], args.vocab_size)
-        model = bert_models.build_model(config).to(backend.device)
-        optimizer = optim.LAMB(optim.decay_groups(model, 0.01), lr=1e-3)
-        objective, optimizer = backend.wrap(bert_models.PretrainingObjective(model),
-                                            list(model.named_parameters()), optimizer)
-        amp = args.amp and backend.device.type == "cuda"
-        self.parts = (objective, model, optimizer, torch.amp.GradScaler(backend.device.type, enabled=False),
-                      torch.bfloat16 if amp else None)
-        self.settings = SimpleNamespace(accumulation_steps=args.accumulation_steps, max_grad_norm=1.0)
-        self.context = SimpleNamespace(device=backend.device)
-        self.data = SyntheticSequences(args, backend.rank)
-        self.samples, self.unit = args.batch_size * args.accumulation_steps, "sequences"
-
-    def step(self):
-        meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
-        objective, model, optimizer, scaler, amp_dtype = self.parts
-        self.train_step(self.settings, self.context, self.data, 0, objective, model, optimizer, scaler,
-                        amp_dtype, meter)
-        return meter.sums["mlm_loss"] / max(1, meter.counts["mlm_loss"])
-
-
-class SyntheticSequences:
-    """``PretrainingData.batch``'s interface: full-length sequences, 15% masked."""
-
-    def __init__(self, args, rank):
-        generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
-        shape = (args.batch_size, args.seq_length)
-        labels = torch.full(shape, -100, dtype=torch.int64)
-        masked = torch.rand(shape, generator=generator) < 0.15
-        masked[:, 0] = False
-        labels[masked] = torch.randint(0, args.vocab_size, (int(masked.sum()),), generator=generator)
-        self.batch_tensors = {
-            "input_ids": torch.randint(0, args.vocab_size, shape, generator=generator),
-            "token_type_ids": (torch.arange(args.seq_length) >= args.seq_length // 2).long().expand(shape).clone(),
-            "attention_mask": torch.ones(shape, dtype=torch.int64),
-            "labels": labels,
-            "next_sentence_label": torch.randint(0, 2, (args.batch_size,), generator=generator),
-        }
-
-    def batch(self, step, micro):
-        return self.batch_tensors
-
-
 def train(args):
     for name, variable in KNOB_VARIABLES.items():  # Horovod reads these at hvd.init()
         value = getattr(args, name)
@@ -238,9 +159,10 @@ def train(args):
             os.environ[variable] = str(int(value * 2**20) if name == "fusion_threshold_mb" else value)
     backend = bench.BACKENDS[args.baseline](args)
     torch.manual_seed(args.seed)  # the same initial weights under every backend
-    workload = (BertWorkload if args.model in BERT_MODELS else CnnWorkload)(args, backend)
+    workload = workloads.build(args, backend)
     losses = [workload.step() for _ in range(args.warmup_steps)]
     local_rates = []
+    timed_wall, timed_cpu = -time.perf_counter(), -bench.process_cpu_seconds()
     for _ in range(args.windows):
         backend.barrier()
         started = time.perf_counter()
@@ -250,15 +172,21 @@ def train(args):
         if backend.device.type == "cuda":
             torch.cuda.synchronize()
         local_rates.append(workload.samples * args.window_steps / (time.perf_counter() - started))
+    timed_wall, timed_cpu = timed_wall + time.perf_counter(), timed_cpu + bench.process_cpu_seconds()
     totals = backend.sum(local_rates)  # per window: the sum of every rank's rate
+    # CPU seconds per second of every thread of the process (compute, Horovod's
+    # background thread, MPI/Gloo progress), averaged over ranks: more than
+    # --threads means something else takes cores from the computation.
+    (cpu_cores,) = backend.sum([timed_cpu / timed_wall / backend.size])
     mean_losses = [value / backend.size for value in backend.sum(losses)]
     knobs = {"model": args.model, "batch_size": args.batch_size, "fp16_allreduce": args.fp16_allreduce,
              "accumulation_steps": args.accumulation_steps, "amp": args.amp, "channels_last": args.channels_last,
-             "image_size": args.image_size, "seq_length": args.seq_length if args.model in BERT_MODELS else None}
+             "image_size": args.image_size, "seq_length": args.seq_length if args.model in workloads.BERT_MODELS else None}
     result = {"mode": "train", "unit": f"{workload.unit}/s",
               "total": bench.summarize(totals),
               "per_worker": bench.summarize([total / backend.size for total in totals]),
-              "losses": mean_losses, "environment": bench.environment(backend, knobs)}
+              "cpu_cores_per_rank": cpu_cores, "losses": mean_losses,
+              "environment": bench.environment(backend, knobs)}
     if backend.rank == 0:
         report_train(result, args)
         write_json(result, args.output)
@@ -271,8 +199,8 @@ def report_train(result, args):
           f"{args.batch_size * args.accumulation_steps}, {env['threads_per_rank']} thread(s) per rank", flush=True)
     print(f"total:      median {total['median']:.1f} {unit} (min {total['min']:.1f}, max {total['max']:.1f}), "
           f"mean {total['mean']:.1f} +- {total['ci95']:.1f}", flush=True)
-    print(f"per worker: median {worker['median']:.1f} {unit}, mean {worker['mean']:.1f} +- {worker['ci95']:.1f}",
-          flush=True)
+    print(f"per worker: median {worker['median']:.1f} {unit}, mean {worker['mean']:.1f} +- {worker['ci95']:.1f}; "
+          f"CPU busy {result['cpu_cores_per_rank']:.2f} cores per rank", flush=True)
 
 
 # ============================================================================= allreduce
@@ -282,7 +210,6 @@ def allreduce(args):
     args.horovod_autotune = args.fp16_allreduce = False
     args.accumulation_steps = 1
     backend = bench.HorovodBackend(args)
-    import horovod.torch as hvd
     if "torch" in args.libraries:
         start_torch_distributed(backend)
     unavailable = {}
@@ -297,7 +224,7 @@ def allreduce(args):
                     continue
                 if library == "mpi" and dtype == "float16":
                     continue  # MPI has no standard half-precision sum
-                seconds = time_allreduce(library, dtype, size, args.seconds, backend, hvd, mpi)
+                seconds = bench.time_allreduce(library, dtype, size, args.seconds, backend, mpi)
                 algbw = size / seconds / 1e9
                 rows.append({"library": library, "dtype": dtype, "bytes": size, "seconds": seconds,
                              "algbw_gbps": algbw, "busbw_gbps": bench.bus_bandwidth(algbw, backend.size)})
@@ -332,47 +259,6 @@ def message_sizes(smallest, largest, factor):
     return sizes
 
 
-def time_allreduce(library, dtype, size, budget, backend, hvd, mpi):
-    """Seconds per allreduce of ``size`` bytes: the slowest rank's median over chunks of iterations."""
-    elements = max(1, size // (4 if dtype == "float32" else 2))
-    tensor = torch.ones(elements, dtype=getattr(torch, dtype))
-    array = tensor.numpy()
-
-    def once():
-        if library == "horovod":
-            hvd.allreduce_(tensor, op=hvd.Sum, name="bench.allreduce")  # Horovod
-        elif library == "mpi":
-            mpi.Allreduce(mpi_in_place(), array)
-        else:
-            torch.distributed.all_reduce(tensor)
-
-    for _ in range(3):
-        once()
-    # Every rank runs the same number of iterations: rank 0's estimate decides.
-    started = time.perf_counter()
-    once()
-    estimate = backend.sum([time.perf_counter() - started if backend.rank == 0 else 0.0])[0]
-    per_chunk = max(1, min(2_000, int(budget / CHUNKS / max(estimate, 1e-6))))
-    backend.barrier()
-    chunk_means = []
-    for _ in range(CHUNKS):  # the median chunk: a scheduler hiccup on 2 busy cores spoils one chunk, not all
-        started = time.perf_counter()
-        for _ in range(per_chunk):
-            once()
-        chunk_means.append((time.perf_counter() - started) / per_chunk)
-    return max_over_ranks(statistics.median(chunk_means), backend, hvd)
-
-
-def mpi_in_place():
-    from mpi4py import MPI
-    return MPI.IN_PLACE
-
-
-def max_over_ranks(value, backend, hvd):
-    return float(hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=hvd.Max,
-                               name="bench.max").item())  # Horovod
-
-
 def report_allreduce(result):
     env = result["environment"]
     print(f"allreduce on {env['world_size']} ranks, Horovod controller {env['controller']}; "
@@ -390,7 +276,7 @@ def report_allreduce(result):
 def launch_train(args, size, train_args, output, launcher=True):
     """One `benchmark.py train` run, under horovodrun (or plain python); its result."""
     output.unlink(missing_ok=True)
-    command = [sys.executable, str(Path(__file__).resolve()), "train", *train_args, "--output", str(output)]
+    command = train_command(train_args, output)
     if launcher:
         command = [horovodrun(), "-np", str(size), f"--{args.controller}", *shlex.split(args.horovodrun_args),
                    *command]
@@ -398,6 +284,30 @@ def launch_train(args, size, train_args, output, launcher=True):
     if not run_bounded(command, args.timeout) or not output.is_file():
         raise UsageError(f"a benchmark run failed (command above); no {output}")
     return json.loads(output.read_text())
+
+
+def launch_independent(args, size, train_args, output):
+    """``size`` plain `--baseline none` processes at once, each alone: the machine's own
+    ceiling for weak scaling (shared cores, memory bandwidth, caches; no communication).
+    Their medians summed, as one result."""
+    outputs = [output.with_name(f"{output.stem}-{index}.json") for index in range(size)]
+    for path in outputs:
+        path.unlink(missing_ok=True)
+    commands = [train_command(train_args, path) for path in outputs]
+    print(f"$ {size} at once: {shlex.join(commands[0])}", flush=True)
+    processes = [subprocess.Popen(command, start_new_session=True) for command in commands]
+    finished = [wait_bounded(process, args.timeout) for process in processes]
+    if not all(finished) or not all(path.is_file() for path in outputs):
+        raise UsageError(f"a benchmark run failed (command above); no {outputs[0]}")
+    results = [json.loads(path.read_text()) for path in outputs]
+    total = sum(result["total"]["median"] for result in results)
+    cpu = sum(result["cpu_cores_per_rank"] for result in results) / len(results)
+    return {**results[0], "total": {**results[0]["total"], "median": total}, "cpu_cores_per_rank": cpu,
+            "independent_runs": len(results)}
+
+
+def train_command(train_args, output):
+    return [sys.executable, str(Path(__file__).resolve()), "train", *train_args, "--output", str(output)]
 
 
 def horovodrun():
@@ -429,35 +339,52 @@ def compare(args):
         # fair base of the N-worker runs (weak scaling), not a worker with N times the threads.
         args.train_args = [*args.train_args, "--threads", str(max(1, (os.cpu_count() or 1) // args.np))]
     horovod_args = [*args.train_args, *shlex.split(args.horovod_args)]
-    kinds = {  # name: (workers, train arguments, under horovodrun)
-        "horovod": (args.np, horovod_args, True),
-        "ddp": (args.np, [*args.train_args, "--baseline", "ddp"], True),
-        "horovod_1": (1, horovod_args, True),
-        "none": (1, [*args.train_args, "--baseline", "none"], False),
+    plain = [*args.train_args, "--baseline", "none"]
+    kinds = {  # name: how to run it once; each returns a train result
+        "horovod": lambda out: launch_train(args, args.np, horovod_args, out),
+        "ddp": lambda out: launch_train(args, args.np, [*args.train_args, "--baseline", "ddp"], out),
+        "horovod_1": lambda out: launch_train(args, 1, horovod_args, out),
+        "none": lambda out: launch_train(args, 1, plain, out, launcher=False),
+        "independent": lambda out: launch_independent(args, args.np, plain, out),
     }
-    rates = {kind: [] for kind in kinds}
+    rates, cpu = {kind: [] for kind in kinds}, {kind: [] for kind in kinds}
     for repeat in range(args.repeats):
-        for kind, (size, train_args, launcher) in kinds.items():
-            result = launch_train(args, size, train_args, args.output_dir / f"{kind}-{repeat}.json", launcher)
+        for kind, run_once in kinds.items():
+            result = run_once(args.output_dir / f"{kind}-{repeat}.json")
             rates[kind].append(result["total"]["median"])
+            cpu[kind].append(result["cpu_cores_per_rank"])
             unit, environment = result["unit"], result["environment"]
     medians = {kind: bench.summarize(values)["median"] for kind, values in rates.items()}
+    n = args.np
     ratios = {"horovod / ddp": medians["horovod"] / medians["ddp"],
               "horovod_1 / none": medians["horovod_1"] / medians["none"],
-              f"weak scaling 1 -> {args.np}": medians["horovod"] / (args.np * medians["horovod_1"])}
+              f"weak scaling 1 -> {n}": medians["horovod"] / (n * medians["horovod_1"]),
+              f"ddp weak scaling 1 -> {n}": medians["ddp"] / (n * medians["none"]),
+              # No communication at all: what sharing the machine alone leaves of n x one.
+              f"ceiling: {n} independent / ({n} x none)": medians["independent"] / (n * medians["none"])}
+    # Drift between rounds hits the kinds of one round alike: the spread of the
+    # per-round ratios says how far the median ratio can be trusted.
+    per_round = [horovod / ddp for horovod, ddp in zip(rates["horovod"], rates["ddp"])]
     result = {"mode": "compare", "unit": unit, "rates": rates, "medians": medians, "ratios": ratios,
+              "horovod_over_ddp_per_round": per_round, "cpu_cores_per_rank": cpu,
               "environment": {**environment, "command": shlex.join([sys.executable, *sys.argv])}}
     for kind, values in rates.items():
-        print(f"{kind:>10}: median {medians[kind]:.1f} {unit} over {len(values)} runs "
-              f"({', '.join(f'{value:.1f}' for value in values)})", flush=True)
+        print(f"{kind:>11}: median {medians[kind]:.1f} {unit} over {len(values)} runs "
+              f"({', '.join(f'{value:.1f}' for value in values)}); CPU busy "
+              f"{bench.summarize(cpu[kind])['median']:.2f} cores per rank", flush=True)
     for name, value in ratios.items():
         print(f"{name}: {value:.3f}", flush=True)
+    print(f"horovod / ddp per round: {', '.join(f'{value:.3f}' for value in per_round)}", flush=True)
     write_json(result, args.output_dir / "compare.json")
 
 
 def run_bounded(command, timeout):
     """Run a launch in its own process group; kill the whole group after ``timeout`` s."""
-    process = subprocess.Popen(command, start_new_session=True)
+    return wait_bounded(subprocess.Popen(command, start_new_session=True), timeout)
+
+
+def wait_bounded(process, timeout):
+    """True if ``process`` (a group leader) ended well within ``timeout`` s; else its group is killed."""
     try:
         return process.wait(timeout=timeout) == 0
     except subprocess.TimeoutExpired:
@@ -506,6 +433,22 @@ def plot_scaling(rows, unit, path):
     figure.savefig(path, dpi=120)
 
 
+# ============================================================================= timeline
+def timeline(args):
+    try:
+        events = bench.read_timeline(args.file)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{args.file}: not a readable Horovod timeline ({error})") from None
+    summary = bench.summarize_timeline(events)
+    print(f"{args.file}: {summary['span_seconds']:.2f} s, {summary['tensors']} tensors; "
+          f"collectives: {', '.join(f'{n} {name}' for name, n in summary['collectives'].items()) or 'none'}",
+          flush=True)
+    print(f"{'activity':>28} {'total s':>9} {'count':>7} {'mean us':>10}", flush=True)
+    for row in summary["activities"]:
+        print(f"{row['activity']:>28} {row['seconds']:>9.3f} {row['count']:>7} {row['mean_us']:>10.1f}", flush=True)
+    write_json(summary, args.output)
+
+
 # ============================================================================= main
 def write_json(result, path):
     if path is not None:
@@ -516,7 +459,8 @@ def write_json(result, path):
 
 def main():
     args = parse_args()
-    {"train": train, "allreduce": allreduce, "scaling": scaling, "compare": compare}[args.mode](args)
+    {"train": train, "allreduce": allreduce, "scaling": scaling, "compare": compare,
+     "timeline": timeline}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 Builds hvd-a and hvd-b (tests/two_hosts.py: two network namespaces joined by a
 veth pair, sshd on hvd-b), limits the link with tc's token-bucket filter in
 both directions, and runs ``scripts/benchmark.py train`` with one rank per host
-under ``horovodrun --gloo`` for each link rate, model, gradient compression and
+under ``horovodrun --mpi`` (or ``--gloo``) for each link rate, model, gradient compression and
 fusion threshold, plus one single-rank run per model (the efficiency base).
 Before each rate, a 64 MiB allreduce checks what the link really carries.
 Writes study.json, study.md (the table) and study.png.
@@ -45,6 +45,8 @@ def parse_args():
                         help="what to train")
     parser.add_argument("--fusion-mb", nargs="+", type=int, default=[128, 0],
                         help="HOROVOD_FUSION_THRESHOLD values in MiB (0: no fusion)")
+    parser.add_argument("--controller", choices=["mpi", "gloo"], default="mpi",
+                        help="horovodrun --mpi (the collection's default) or --gloo")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per launch")
     return parser.parse_args()
 
@@ -70,28 +72,28 @@ def parse_rate(rate):
     raise SystemExit(f"link_study.py: error: rate {rate!r}: use e.g. 1gbit, 500mbit, none")
 
 
-def on_two_hosts(hosts, np, arguments, timeout):
+def on_two_hosts(hosts, np, arguments, args):
     # One rank stays on hvd-a (horovodrun's local host); two use one slot on each host.
     hosts_args = [] if np == 1 else ["-H", "hvd-a:1,hvd-b:1", "--network-interface", INTERFACE]
-    command = ["horovodrun", "-np", str(np), *hosts_args, "--gloo", sys.executable, BENCH, *arguments]
-    ran = launch(hosts.on_a(command), timeout=timeout, env=hosts.env())
+    command = ["horovodrun", "-np", str(np), *hosts_args, f"--{args.controller}", sys.executable, BENCH, *arguments]
+    ran = launch(hosts.on_a(command), timeout=args.timeout, env=hosts.env())
     if ran.returncode != 0 or ran.timed_out:
         raise SystemExit(f"link_study.py: error: a launch failed:\n{ran.describe()}")
     return ran
 
 
-def link_check(hosts, rate, directory, timeout):
+def link_check(hosts, rate, directory, args):
     output = directory / f"allreduce-{rate}.json"
     on_two_hosts(hosts, 2, ["allreduce", "--min-bytes", "64M", "--max-bytes", "64M", "--dtypes", "float32",
                             "--libraries", "horovod", "--seconds", "2", "--threads", "1", "--output", output],
-                 timeout)
+                 args)
     (row,) = json.loads(output.read_text())["rows"]
     return row["algbw_gbps"]
 
 
-def train(hosts, np, model, extra, output, timeout):
+def train(hosts, np, model, extra, output, args):
     started = time.monotonic()
-    on_two_hosts(hosts, np, ["train", *MODEL_ARGS[model], *TIMING, *extra, "--output", output], timeout)
+    on_two_hosts(hosts, np, ["train", *MODEL_ARGS[model], *TIMING, *extra, "--output", output], args)
     result = json.loads(output.read_text())
     print(f"  {output.name}: {result['total']['median']:.2f} {result['unit']} "
           f"({time.monotonic() - started:.0f} s)", flush=True)
@@ -102,26 +104,26 @@ def study(args, hosts):
     directory = args.output_dir
     directory.mkdir(parents=True, exist_ok=True)
     shape(hosts, "none")
-    base = {model: train(hosts, 1, model, [], directory / f"{model}-np1.json", args.timeout)["total"]["median"]
+    base = {model: train(hosts, 1, model, [], directory / f"{model}-np1.json", args)["total"]["median"]
             for model in args.models}
     rows = []
     for rate in args.rates:
         shape(hosts, rate)
-        measured = link_check(hosts, rate, directory, args.timeout)
+        measured = link_check(hosts, rate, directory, args)
         print(f"link {rate}: a 64 MiB allreduce moves {measured:.3f} GB/s (algbw)", flush=True)
         for model in args.models:
             for fusion in args.fusion_mb:
                 for fp16 in (False, True):
                     extra = ["--fusion-threshold-mb", str(fusion)] + (["--fp16-allreduce"] if fp16 else [])
                     name = f"{model}-{rate}-fusion{fusion}{'-fp16' if fp16 else ''}.json"
-                    result = train(hosts, 2, model, extra, directory / name, args.timeout)
+                    result = train(hosts, 2, model, extra, directory / name, args)
                     total = result["total"]["median"]
                     rows.append({"rate": rate, "link_algbw_gbps": measured, "model": model, "fusion_mb": fusion,
                                  "fp16_allreduce": fp16, "total": total, "unit": result["unit"],
                                  "spread": [result["total"]["min"], result["total"]["max"]],
                                  "efficiency": total / (2 * base[model])})
     shape(hosts, "none")
-    summary = {"base_one_rank": base, "rows": rows, "timing": TIMING, "models": {m: MODEL_ARGS[m] for m in args.models},
+    summary = {"controller": args.controller, "base_one_rank": base, "rows": rows, "timing": TIMING, "models": {m: MODEL_ARGS[m] for m in args.models},
                "command": " ".join(sys.argv)}
     (directory / "study.json").write_text(json.dumps(summary, indent=1) + "\n")
     (directory / "study.md").write_text(table(summary))

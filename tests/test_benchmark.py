@@ -40,6 +40,7 @@ def check_train_result(data, world_size, backend):
         assert summary["min"] <= summary["median"] <= summary["max"]
     assert abs(data["total"]["median"] - world_size * data["per_worker"]["median"]) < 1e-6 * data["total"]["median"]
     assert len(data["losses"]) == 1 + 2 * 2
+    assert 0 < data["cpu_cores_per_rank"] < 64
 
 
 @pytest.mark.parametrize("workload", [CNN, BERT], ids=["resnet20", "bert-tiny"])
@@ -77,6 +78,28 @@ def test_knobs_and_horovod_diagnostics_are_recorded(tmp_path):
     assert knobs["HOROVOD_TIMELINE"] == str(timeline)
     trace = timeline.read_text()
     assert trace.startswith("[") and "ALLREDUCE" in trace
+    # benchmark.py timeline: where the time went
+    run = ok(python([BENCH, "timeline", timeline, "--output", tmp_path / "summary.json"], timeout=60))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    activities = {row["activity"]: row for row in summary["activities"]}
+    gradients = activities["ALLREDUCE"]["count"]  # one per tensor and step (plus the benchmark's own sums)
+    steps = 1 + 2 * 2
+    assert gradients >= steps * 20  # resnet20 has 65 gradient tensors
+    # Fused: fewer collectives than tensors, at least one per step.
+    assert steps <= summary["collectives"]["GLOO_ALLREDUCE"] < gradients
+    assert re.search(r"^\s+NEGOTIATE_ALLREDUCE\s+[\d.]+\s+\d+\s+[\d.]+$", run.output, re.MULTILINE), run.describe()
+
+
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_the_gloo_controller_gets_the_measured_cycle_time(tmp_path, transport, need_mpi):
+    """dist.init sets HOROVOD_CYCLE_TIME under Gloo only, and a value of the user's wins."""
+    import hvdtrain.dist
+    ok(horovodrun(2, [BENCH, *CNN, "--output", tmp_path / "default.json"], timeout=240, transport=transport))
+    knobs = result(tmp_path / "default.json")["environment"]["knobs"]
+    assert knobs.get("HOROVOD_CYCLE_TIME") == (hvdtrain.dist.GLOO_CYCLE_TIME_MS if transport == "gloo" else None)
+    ok(horovodrun(2, [BENCH, *CNN, "--output", tmp_path / "set.json"], timeout=240, transport=transport,
+                  env={"HOROVOD_CYCLE_TIME": "3"}))
+    assert result(tmp_path / "set.json")["environment"]["knobs"]["HOROVOD_CYCLE_TIME"] == "3"
 
 
 @pytest.mark.parametrize("transport", ["mpi", "gloo"])
@@ -134,17 +157,28 @@ def test_trainers_write_horovod_timeline_and_autotune_log(tmp_path):
     assert tuning.read_text().startswith("hierarchical_allreduce,")  # the autotuner's CSV header
 
 
-def test_compare_runs_all_four_interleaved_and_reports_ratios(tmp_path):
+def test_compare_runs_every_kind_interleaved_and_reports_ratios(tmp_path):
+    """Also: horovodrun is found beside the venv's Python when the venv is not on PATH."""
     out = tmp_path / "compare"
     run = ok(python([BENCH, "compare", "--repeats", "1", "--output-dir", out,
-                     "--horovod-args", "--cycle-time-ms 2", "--", *CNN[1:]], timeout=400))
+                     "--horovod-args", "--cycle-time-ms 2", "--", *CNN[1:]], timeout=400,
+                    env={"PATH": "/usr/local/bin:/usr/bin:/bin"}))
     data = json.loads((out / "compare.json").read_text())
-    assert set(data["rates"]) == {"horovod", "ddp", "horovod_1", "none"}
+    assert set(data["rates"]) == {"horovod", "ddp", "horovod_1", "none", "independent"}
     medians = data["medians"]
     assert data["ratios"]["horovod / ddp"] == medians["horovod"] / medians["ddp"]
     assert data["ratios"]["horovod_1 / none"] == medians["horovod_1"] / medians["none"]
     assert data["ratios"]["weak scaling 1 -> 2"] == medians["horovod"] / (2 * medians["horovod_1"])
-    assert result(out / "horovod-0.json")["environment"]["knobs"]["HOROVOD_CYCLE_TIME"] == "2.0"
+    assert data["ratios"]["ddp weak scaling 1 -> 2"] == medians["ddp"] / (2 * medians["none"])
+    assert data["ratios"]["ceiling: 2 independent / (2 x none)"] == medians["independent"] / (2 * medians["none"])
+    assert data["horovod_over_ddp_per_round"] == [data["rates"]["horovod"][0] / data["rates"]["ddp"][0]]
+    # The independent kind: two plain processes, each its own result, summed.
+    alone = [result(out / f"independent-0-{index}.json") for index in (0, 1)]
+    assert all(part["environment"]["backend"] == "none" for part in alone)
+    assert medians["independent"] == pytest.approx(sum(part["total"]["median"] for part in alone))
+    horovod = result(out / "horovod-0.json")["environment"]
+    assert horovod["knobs"]["HOROVOD_CYCLE_TIME"] == "2.0" and horovod["controller"] == "mpi"
     assert "HOROVOD_CYCLE_TIME" not in result(out / "ddp-0.json")["environment"]["knobs"]
-    for name in ("horovod / ddp", "horovod_1 / none", "weak scaling 1 -> 2"):
+    for name in ("horovod / ddp", "horovod_1 / none", "weak scaling 1 -> 2", "ddp weak scaling 1 -> 2",
+                 "ceiling: 2 independent / (2 x none)"):
         assert re.search(rf"^{re.escape(name)}: [\d.]+$", run.output, re.MULTILINE), run.describe()

@@ -11,14 +11,18 @@ Three ways to run the same training step, each launched the same way
 
 Plus the statistics and the environment record every result file carries.
 """
+import json
 import os
 import platform
+import resource
 import shlex
 import socket
 import statistics
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
@@ -175,7 +179,95 @@ class SingleBackend:
 BACKENDS = {None: HorovodBackend, "ddp": DdpBackend, "none": SingleBackend}
 
 
+# ----------------------------------------------------------------------------- allreduce timing
+CHUNKS = 5  # allreduce timings: the median of this many chunks of iterations
+
+
+def time_allreduce(library, dtype, size, budget, backend, mpi):
+    """Seconds per allreduce of ``size`` bytes: the slowest rank's median over chunks of iterations."""
+    elements = max(1, size // (4 if dtype == "float32" else 2))
+    tensor = torch.ones(elements, dtype=getattr(torch, dtype))
+    array = tensor.numpy()
+
+    def once():
+        if library == "horovod":
+            hvd.allreduce_(tensor, op=hvd.Sum, name="bench.allreduce")  # Horovod
+        elif library == "mpi":
+            mpi.Allreduce(mpi_in_place(), array)
+        else:
+            torch.distributed.all_reduce(tensor)
+
+    for _ in range(3):
+        once()
+    # Every rank runs the same number of iterations: rank 0's estimate decides.
+    started = time.perf_counter()
+    once()
+    estimate = backend.sum([time.perf_counter() - started if backend.rank == 0 else 0.0])[0]
+    per_chunk = max(1, min(2_000, int(budget / CHUNKS / max(estimate, 1e-6))))
+    backend.barrier()
+    chunk_means = []
+    for _ in range(CHUNKS):  # the median chunk: a scheduler hiccup on 2 busy cores spoils one chunk, not all
+        started = time.perf_counter()
+        for _ in range(per_chunk):
+            once()
+        chunk_means.append((time.perf_counter() - started) / per_chunk)
+    return max_over_ranks(statistics.median(chunk_means))
+
+
+def mpi_in_place():
+    from mpi4py import MPI
+    return MPI.IN_PLACE
+
+
+def max_over_ranks(value):
+    return float(hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=hvd.Max,
+                               name="bench.max").item())  # Horovod
+
+
+# ----------------------------------------------------------------------------- timeline
+def read_timeline(path):
+    """A Horovod timeline's events. Horovod writes a JSON array that it closes only at
+    shutdown, with a comma after each event: a run still going (or killed) is read too."""
+    text = Path(path).read_text().rstrip().rstrip(",")
+    return json.loads(text if text.endswith("]") else text + "]")
+
+
+def summarize_timeline(events):
+    """Time per activity (B/E pairs, nested per tensor), tensors and distinct collectives.
+
+    A fused collective shows once per tensor in it, with the same start: counting
+    distinct (activity, start) pairs gives the collectives the ranks really ran.
+    """
+    open_spans, seconds, counts, collectives = {}, {}, {}, {}
+    tensors = set()
+    for event in events:
+        phase, lane = event.get("ph"), event.get("pid")
+        if phase == "M" and event.get("name") == "process_name" and "name" in event.get("args", {}):
+            tensors.add(lane)  # one lane per tensor name
+        elif phase == "B":
+            open_spans.setdefault(lane, []).append((event["name"], event["ts"]))
+            if event["name"].startswith(("MPI_", "GLOO_", "NCCL_")):
+                collectives.setdefault(event["name"], set()).add(event["ts"])
+        elif phase == "E" and open_spans.get(lane):
+            name, started = open_spans[lane].pop()
+            seconds[name] = seconds.get(name, 0) + (event["ts"] - started) / 1e6
+            counts[name] = counts.get(name, 0) + 1
+    stamps = [event["ts"] for event in events if "ts" in event]
+    activities = [{"activity": name, "seconds": total, "count": counts[name], "mean_us": total / counts[name] * 1e6}
+                  for name, total in sorted(seconds.items(), key=lambda item: -item[1])]
+    return {"span_seconds": (max(stamps) - min(stamps)) / 1e6 if stamps else 0.0, "tensors": len(tensors),
+            "collectives": {name: len(starts) for name, starts in sorted(collectives.items())},
+            "activities": activities}
+
+
 # ----------------------------------------------------------------------------- statistics
+def process_cpu_seconds():
+    """User and system CPU seconds of every thread of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+
 def summarize(values):
     """Median, spread and mean ± 1.96σ (as Horovod's synthetic benchmark reports)."""
     mean = statistics.fmean(values)

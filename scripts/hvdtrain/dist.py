@@ -44,6 +44,10 @@ WATCHDOG_ENV = "HVDTRAIN_WATCHDOG_SECONDS"
 # before the first step of a launch (imports, data, the first step itself).
 DEFAULT_PHASE_SECONDS = 1800
 PHASE_ENV = "HVDTRAIN_PHASE_SECONDS"
+# HOROVOD_CYCLE_TIME (ms) under the Gloo controller (horovodrun --gloo, --elastic) unless
+# set: Gloo negotiates over TCP every cycle, and at Horovod's 1 ms that costs the
+# training threads CPU time (README, Performance: scripts/benchmark.py compare).
+GLOO_CYCLE_TIME_MS = "5"
 
 
 class Watchdog:
@@ -214,6 +218,8 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
     # the core from the compute threads (or the rank being waited for). Yielding
     # made CNN epochs 2.5x faster under horovodrun --mpi on the 2-core test machine.
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    if os.environ.get("HOROVOD_CONTROLLER") == "gloo":  # horovodrun --gloo sets it
+        os.environ.setdefault("HOROVOD_CYCLE_TIME", GLOO_CYCLE_TIME_MS)
     hvd.init()  # Horovod: start the background communication thread.
 
     # Horovod: one GPU per process (see cuda_device_index); a collective on every

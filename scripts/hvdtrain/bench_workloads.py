@@ -1,0 +1,103 @@
+"""The training steps benchmark.py times: the trainers' own, on synthetic data.
+
+``build(args, backend)`` returns a workload whose ``step()`` runs one optimizer
+step of train_cnn.py (``Trainer.train_step``) or pretrain_bert.py
+(``train_step``) and returns its loss; ``samples`` and ``unit`` say what a step
+processes. The backend (bench.HorovodBackend, DdpBackend, SingleBackend) wraps
+the model and optimizer, so one workload runs under all three.
+"""
+from types import SimpleNamespace
+
+import torch
+import torch.nn as nn
+
+from . import bert_models, optim
+from .metrics import SumMeter
+from .models import resnet
+
+CNN_MODELS = {"resnet20": (32, 10), "resnet56": (32, 10), "resnet18": (224, 1000), "resnet50": (224, 1000),
+              "convnet": (32, 10)}  # name -> (image size, classes)
+BERT_MODELS = {f"bert-{name}": name for name in bert_models.PRESETS}
+MODELS = [*CNN_MODELS, *BERT_MODELS]
+
+
+def build(args, backend):
+    return (BertWorkload if args.model in BERT_MODELS else CnnWorkload)(args, backend)
+
+
+class CnnWorkload:
+    """A ResNet step of train_cnn.py on a fixed synthetic batch per rank."""
+
+    def __init__(self, args, backend):
+        from train_cnn import Trainer  # the trainer's own step, not a copy
+        size, classes = CNN_MODELS[args.model]
+        size = args.image_size or size
+        model = resnet.build(args.model, classes).to(backend.device)
+        if args.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        module, optimizer = backend.wrap(model, list(model.named_parameters()), optimizer)
+        amp = args.amp and backend.device.type == "cuda"
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        scaler = torch.amp.GradScaler(backend.device.type, enabled=amp)
+        self.trainer = Trainer(module, optimizer, scheduler, scaler, nn.CrossEntropyLoss(), backend.device, amp,
+                               args.channels_last, args.accumulation_steps, adasum=False)
+        generator = torch.Generator().manual_seed(args.seed * 1000 + backend.rank)
+        samples = args.batch_size * args.accumulation_steps
+        self.images = torch.randn(samples, 3, size, size, generator=generator)
+        self.targets = torch.randint(0, classes, (samples,), generator=generator)
+        self.samples, self.unit = samples, "images"
+
+    def step(self):
+        meter = SumMeter("train_loss", "train_top1")
+        self.trainer.train_step(self.images, self.targets, meter)
+        return meter.sums["train_loss"] / meter.counts["train_loss"]
+
+
+class BertWorkload:
+    """A BERT pretraining step of pretrain_bert.py on synthetic masked sequences."""
+
+    def __init__(self, args, backend):
+        from pretrain_bert import train_step  # the trainer's own step, not a copy
+        self.train_step = train_step
+        config = bert_models.preset_config(BERT_MODELS[args.model], args.vocab_size)
+        model = bert_models.build_model(config).to(backend.device)
+        optimizer = optim.LAMB(optim.decay_groups(model, 0.01), lr=1e-3)
+        objective, optimizer = backend.wrap(bert_models.PretrainingObjective(model),
+                                            list(model.named_parameters()), optimizer)
+        amp = args.amp and backend.device.type == "cuda"
+        self.parts = (objective, model, optimizer, torch.amp.GradScaler(backend.device.type, enabled=False),
+                      torch.bfloat16 if amp else None)
+        self.settings = SimpleNamespace(accumulation_steps=args.accumulation_steps, max_grad_norm=1.0)
+        self.context = SimpleNamespace(device=backend.device)
+        self.data = SyntheticSequences(args, backend.rank)
+        self.samples, self.unit = args.batch_size * args.accumulation_steps, "sequences"
+
+    def step(self):
+        meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
+        objective, model, optimizer, scaler, amp_dtype = self.parts
+        self.train_step(self.settings, self.context, self.data, 0, objective, model, optimizer, scaler,
+                        amp_dtype, meter)
+        return meter.sums["mlm_loss"] / max(1, meter.counts["mlm_loss"])
+
+
+class SyntheticSequences:
+    """``PretrainingData.batch``'s interface: full-length sequences, 15% masked."""
+
+    def __init__(self, args, rank):
+        generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
+        shape = (args.batch_size, args.seq_length)
+        labels = torch.full(shape, -100, dtype=torch.int64)
+        masked = torch.rand(shape, generator=generator) < 0.15
+        masked[:, 0] = False
+        labels[masked] = torch.randint(0, args.vocab_size, (int(masked.sum()),), generator=generator)
+        self.batch_tensors = {
+            "input_ids": torch.randint(0, args.vocab_size, shape, generator=generator),
+            "token_type_ids": (torch.arange(args.seq_length) >= args.seq_length // 2).long().expand(shape).clone(),
+            "attention_mask": torch.ones(shape, dtype=torch.int64),
+            "labels": labels,
+            "next_sentence_label": torch.randint(0, 2, (args.batch_size,), generator=generator),
+        }
+
+    def batch(self, step, micro):
+        return self.batch_tensors
