@@ -36,9 +36,10 @@ from pathlib import Path
 
 import torch
 
-from hvdtrain import bench, bench_workloads as workloads, cli
-from hvdtrain.cli import UsageError
-from hvdtrain.run import add_horovod_diagnostics
+from hvdtrain.bench import backends as bench, workloads as workloads
+from hvdtrain import cli
+from hvdtrain.errors import UsageError
+from hvdtrain.runtime.run import add_horovod_diagnostics
 
 KNOB_VARIABLES = {"fusion_threshold_mb": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME"}
 
@@ -237,7 +238,7 @@ def allreduce(args):
 
 
 def mpi_communicator():
-    from hvdtrain.mpi_world import launched_size
+    from hvdtrain.launch.mpi_world import launched_size
     if launched_size() < 2:
         return None
     from mpi4py import MPI

@@ -20,8 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-from hvdtrain import hosts as hostlib
-from hvdtrain.cli import ArgumentParser, UsageError, positive_int, run_main
+from hvdtrain.launch import hosts as hostlib
+from hvdtrain.cli import ArgumentParser, positive_int, run_main
+from hvdtrain.errors import UsageError
 
 
 def parse_args(argv=None):

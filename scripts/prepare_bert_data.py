@@ -25,13 +25,13 @@ import shutil
 import time
 from pathlib import Path
 
-from hvdtrain import bert_corpus as corpus
-from hvdtrain import bert_data
-from hvdtrain import bert_prepare as prepare
-from hvdtrain.cli import (ArgumentParser, UsageError, fraction, non_negative_int,
-                          positive_int, run_main)
-from hvdtrain.mpi_world import World
-from hvdtrain.outdir_lock import OutputDirLock
+from hvdtrain.data import bert_corpus as corpus
+from hvdtrain.data import bert_data
+from hvdtrain.data import bert_prepare as prepare
+from hvdtrain.cli import ArgumentParser, fraction, non_negative_int, positive_int, run_main
+from hvdtrain.errors import UsageError
+from hvdtrain.launch.mpi_world import World
+from hvdtrain.runtime.outdir_lock import OutputDirLock
 
 DEFAULT_VOCAB_SIZE = 30522            # BERT's
 DEFAULT_CORPUS_VOCAB_SIZE = 4000      # what 465k characters can fill

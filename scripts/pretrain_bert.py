@@ -26,13 +26,17 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from hvdtrain import bert_data, bert_models, checkpoint, cli, consistency, dist, elastic, optim
-from hvdtrain import run as run_skeleton
-from hvdtrain.cli import UsageError
-from hvdtrain.metrics import SumMeter, Throughput, rate_text, total_throughput
-from hvdtrain.run import Run, TrainState
-from hvdtrain.settings import Settings
-from hvdtrain.signals import StopRequest
+from hvdtrain.data import bert_data
+from hvdtrain.models import bert as bert_models
+from hvdtrain.runtime import checkpoint, consistency, dist, elastic
+from hvdtrain import cli
+from hvdtrain.training import optim
+from hvdtrain.runtime import run as run_skeleton
+from hvdtrain.errors import UsageError
+from hvdtrain.runtime.metrics import SumMeter, Throughput, rate_text, total_throughput
+from hvdtrain.runtime.run import Run, TrainState
+from hvdtrain.runtime.settings import Settings
+from hvdtrain.runtime.signals import StopRequest
 
 
 def parse_args(argv=None):
@@ -114,7 +118,7 @@ def load_setup(args, ctx):
 
 
 def check_tokenizer(directory, metadata):
-    from hvdtrain.bert_corpus import vocab_hash
+    from hvdtrain.data.bert_corpus import vocab_hash
     from transformers import BertTokenizerFast
     path = Path(directory) / bert_data.TOKENIZER_DIR
     try:

@@ -21,15 +21,18 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 import horovod.torch as hvd
 
-from hvdtrain import batchnorm, cli, consistency, dist, elastic, images, optim, signals
-from hvdtrain import run as run_skeleton
-from hvdtrain.cli import UsageError
-from hvdtrain.metrics import SumMeter, averages, rate_text, topk_correct, total_throughput
+from hvdtrain.training import batchnorm, optim
+from hvdtrain import cli
+from hvdtrain.runtime import consistency, dist, elastic, signals
+from hvdtrain.data import images
+from hvdtrain.runtime import run as run_skeleton
+from hvdtrain.errors import UsageError
+from hvdtrain.runtime.metrics import SumMeter, averages, rate_text, topk_correct, total_throughput
 from hvdtrain.models import resnet
-from hvdtrain.run import Run, TrainState
-from hvdtrain.sampling import ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
-from hvdtrain.settings import Settings
-from hvdtrain.signals import StopRequest
+from hvdtrain.runtime.run import Run, TrainState
+from hvdtrain.data.sampling import ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
+from hvdtrain.runtime.settings import Settings
+from hvdtrain.runtime.signals import StopRequest
 
 def parse_args(argv=None):
     parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])

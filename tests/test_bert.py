@@ -49,7 +49,7 @@ def data_dir(tmp_path_factory):
 
 def make_small_static_data(root, timeout=120):
     """A few documents from a text file, static masking: an epoch is only a few steps."""
-    from hvdtrain.bert_corpus import default_corpus_documents
+    from hvdtrain.data.bert_corpus import default_corpus_documents
     text = "\n\n".join("\n".join(document[:30]) for document in default_corpus_documents()[:8])
     (root / "corpus.txt").write_text(text + "\n")
     ok(python([PREPARE, "--input", root / "corpus.txt", "--output-dir", root / "data", "--max-seq-length", "64",
@@ -82,7 +82,7 @@ def test_prepare_under_mpirun_writes_the_single_process_shards(source, tmp_path,
             "--masking", "static", "--seed", "3"]
     ranks = 2
     if source == "unequal text files":  # 12 files of 1 to 34 documents on 3 ranks
-        from hvdtrain.bert_corpus import default_corpus_documents
+        from hvdtrain.data.bert_corpus import default_corpus_documents
         documents = default_corpus_documents()
         (tmp_path / "text").mkdir()
         for part in range(12):
@@ -91,7 +91,7 @@ def test_prepare_under_mpirun_writes_the_single_process_shards(source, tmp_path,
         args += ["--input", tmp_path / "text"]
         ranks = 3
     if source == "one large file":  # every rank tokenizes a part of it, not just the first
-        from hvdtrain.bert_corpus import default_corpus_documents
+        from hvdtrain.data.bert_corpus import default_corpus_documents
         (tmp_path / "corpus.txt").write_text("\n\n".join("\n".join(d) for d in default_corpus_documents()) + "\n")
         args += ["--input", tmp_path / "corpus.txt"]
         ranks = 3

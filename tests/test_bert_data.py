@@ -5,10 +5,10 @@ import random
 import numpy as np
 import pytest
 
-from hvdtrain import bert_corpus as corpus
-from hvdtrain import bert_data
-from hvdtrain import bert_prepare as prepare
-from hvdtrain.cli import UsageError
+from hvdtrain.data import bert_corpus as corpus
+from hvdtrain.data import bert_data
+from hvdtrain.data import bert_prepare as prepare
+from hvdtrain.errors import UsageError
 
 IDS = corpus.SpecialIds(cls=2, sep=3, mask=4, pad=0, vocab_size=1000, first_regular=5)
 

@@ -219,7 +219,7 @@ def test_discover_hosts_lists_a_slurm_allocation(tmp_path):
 
 def test_elastic_sampler_trains_every_sample_once_across_size_changes():
     """The sampler alone: 3 ranks for 4 steps, then 2 from that position, then 5 to the end."""
-    from hvdtrain.sampling import ElasticBatchSampler
+    from hvdtrain.data.sampling import ElasticBatchSampler
     total, batch, trained, position = 1000, 16, [], 0
     for size, steps in ((3, 4), (2, 7), (5, None)):
         samplers = [ElasticBatchSampler(total, rank, size, batch, seed=1) for rank in range(size)]

@@ -83,7 +83,7 @@ def test_a_checkpoint_write_longer_than_the_step_limit_is_no_hang(matrix):
 
 # ---------------------------------------------------------------- the parts, without a launch
 def test_the_limit_adapts_to_the_slowest_recent_step_with_a_floor():
-    from hvdtrain.dist import Watchdog
+    from hvdtrain.runtime.watchdog import Watchdog
     watchdog = Watchdog(rank=0, floor=60, phase_timeout=1800, watch=False)
     assert watchdog.limit()[0] == 1800  # before the first step (it may compile)
     watchdog.step(1)
@@ -99,7 +99,8 @@ def test_the_limit_adapts_to_the_slowest_recent_step_with_a_floor():
 
 
 def test_fault_spec_errors_are_one_line():
-    from hvdtrain import cli, faults
+    from hvdtrain import cli
+    from hvdtrain.runtime import faults
     assert faults.parse("rank=1,step=20,kind=stop") == faults.Fault(1, 20, "stop")
     for bad in ("rank=1,kind=nap", "step=3,kind=stop", "rank=1,kind=stop,when=now"):
         with pytest.raises(cli.UsageError, match="HVDTRAIN_FAULT"):
@@ -107,7 +108,7 @@ def test_fault_spec_errors_are_one_line():
 
 
 def test_a_peer_failure_and_an_own_error_read_as_one_line():
-    from hvdtrain import faults
+    from hvdtrain.runtime import faults
     try:
         raise RuntimeError("bad shard\nmore detail")
     except RuntimeError as error:

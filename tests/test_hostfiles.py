@@ -7,8 +7,8 @@ naming the line, exit status 2. Scripts run as subprocesses, as users run them.
 """
 import pytest
 
-from hvdtrain import hosts as hostlib
-from hvdtrain.cli import UsageError
+from hvdtrain.launch import hosts as hostlib
+from hvdtrain.errors import UsageError
 from launch import REPO, SCRIPTS, python
 
 MAKE = SCRIPTS / "make_hostfile.py"

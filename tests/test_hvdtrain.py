@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from hvdtrain import checkpoint, cli, dist, metrics, optim, runlog
-from hvdtrain.cli import UsageError
-from hvdtrain.sampling import ShardedSampler, UnpaddedShardSampler, assign_rows
+from hvdtrain.runtime import checkpoint, dist, metrics, runlog
+from hvdtrain import cli
+from hvdtrain.training import optim
+from hvdtrain.errors import UsageError
+from hvdtrain.data.sampling import ShardedSampler, UnpaddedShardSampler, assign_rows
 
 
 def test_sharded_ranks_together_see_the_single_process_order():
@@ -58,8 +60,8 @@ def test_pruning_keeps_the_checkpoint_just_written(tmp_path):
 
 
 def test_settings_are_frozen_and_the_resume_contract_sorts_every_change():
-    from hvdtrain.settings import Settings, check_resume, resume_differences
-    from hvdtrain.cli import UsageError
+    from hvdtrain.runtime.settings import Settings, check_resume, resume_differences
+    from hvdtrain.errors import UsageError
     settings = Settings({"lr": 0.1, "epochs": 4, "threads": 2, "output_dir": Path("/tmp/out")})
     with pytest.raises(AttributeError):
         settings.lr = 0.2

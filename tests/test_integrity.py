@@ -208,7 +208,7 @@ def test_a_foreign_shard_with_token_ids_beyond_the_vocabulary_is_named(small_sha
             ids = handle["input_ids"][...]
             ids[0, 1] = metadata["vocab_size"] + 7
             handle["input_ids"][...] = ids
-        from hvdtrain.bert_data import file_sha256
+        from hvdtrain.data.bert_data import file_sha256
         entry["sha256"] = file_sha256(directory / entry["file"])
 
     data = damaged_copy(small_shards, tmp_path / "data", foreign)
@@ -218,7 +218,7 @@ def test_a_foreign_shard_with_token_ids_beyond_the_vocabulary_is_named(small_sha
 
 def test_shard_checksums_are_recorded(small_shards):
     metadata = json.loads((small_shards / "metadata.json").read_text())
-    from hvdtrain.bert_data import file_sha256
+    from hvdtrain.data.bert_data import file_sha256
     for entry in metadata["shards"]:
         assert entry["sha256"] == file_sha256(small_shards / entry["file"])
 

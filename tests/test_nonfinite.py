@@ -12,8 +12,8 @@ import re
 import pytest
 import torch
 
-from hvdtrain import nonfinite
-from hvdtrain.cli import UsageError
+from hvdtrain.runtime import nonfinite
+from hvdtrain.errors import UsageError
 from launch import REPO, horovodrun, the_one_error_line
 from test_bert import PRETRAIN, make_small_static_data
 from test_checkpoints import CNN, QUICK_CNN, ok

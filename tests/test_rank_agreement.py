@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hvdtrain import consistency, images
+from hvdtrain.runtime import consistency
+from hvdtrain.data import images
 from image_data import make_image_folder
 from launch import launch
 from test_bert import PRETRAIN, make_small_static_data

@@ -53,7 +53,7 @@ def test_default_data_reaches_95_percent(tmp_path):
 
 
 def saved_model_top1(path):
-    from hvdtrain import images
+    from hvdtrain.data import images
     from hvdtrain.models import resnet
     state = torch.load(path, weights_only=True)
     _, val_set, classes, channels = images.load("digits", None, None, 42, 0)

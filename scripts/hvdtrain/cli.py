@@ -1,63 +1,13 @@
-"""Command-line helpers: one-line errors with exit status 2, typed arguments.
+"""Command-line helpers: argument parsing with one-line errors, typed arguments, run_main.
 
 Every rank parses the same arguments, so a bad flag makes every rank exit 2 on
 its own; only the first rank prints, so a 64-rank job shows one line, not 64.
 """
 import argparse
-import os
-import signal
 import shlex
 import sys
 
-USAGE_ERROR_EXIT = 2
-
-# Rank variables set by the launchers we support, read before hvd.init().
-LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
-                       "PMI_RANK", "SLURM_PROCID")
-
-
-class UsageError(Exception):
-    """Bad input from the user: reported as one line, exit status 2.
-
-    ``on_every_rank`` marks an error that all ranks agreed on (see
-    ``dist.agree_on_errors``): then only the first rank prints it.
-    """
-
-    exit_status = USAGE_ERROR_EXIT  # a subclass may report another (nonfinite.RunStopped)
-
-    def __init__(self, message, on_every_rank=False):
-        super().__init__(message)
-        self.on_every_rank = on_every_rank
-
-
-def launcher_rank():
-    """This process's rank as the launcher announced it (0 when launched alone)."""
-    for name in LAUNCHER_RANK_VARS:
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 0
-
-
-def fail(message, prog=None, every_rank_fails=True, status=USAGE_ERROR_EXIT):
-    """Print one line naming the problem and exit with ``status`` (2: bad input).
-
-    When every rank fails the same way only the first one prints.
-    """
-    if launcher_rank() == 0 or not every_rank_fails:
-        prog = prog or os.path.basename(sys.argv[0])
-        print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
-    _ignore_termination_while_exiting()
-    sys.exit(status)
-
-
-def _ignore_termination_while_exiting():
-    """Keep status 2 while this rank tears down: when another rank exits 2 first,
-    `srun --kill-on-bad-exit` SIGTERMs this one, which would then report 143."""
-    try:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    except ValueError:  # not the main thread: leave it
-        pass
-
+from hvdtrain.errors import UsageError, fail, report
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """--help of every script: each option's default shown once, texts kept as written.
@@ -180,5 +130,4 @@ def run_main(main):
     except UsageError as error:
         fail(str(error), every_rank_fails=error.on_every_rank, status=error.exit_status)
     except Exception as error:  # a rank's own failure or a peer's: one line, no traceback wall
-        from . import faults
-        faults.report(error)
+        report(error)

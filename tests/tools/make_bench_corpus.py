@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain.bert_corpus import default_corpus_documents  # noqa: E402
+from hvdtrain.data.bert_corpus import default_corpus_documents  # noqa: E402
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
 SUFFIXES = {".md", ".rst", ".txt"}

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain import bert_corpus as corpus  # noqa: E402
-from hvdtrain import bert_data  # noqa: E402
+from hvdtrain.data import bert_corpus as corpus  # noqa: E402
+from hvdtrain.data import bert_data  # noqa: E402
 
 
 def shard_arrays(rng, rows, length, ids):

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain import bert_data  # noqa: E402
+from hvdtrain.data import bert_data  # noqa: E402
 
 
 def main(directory, steps):

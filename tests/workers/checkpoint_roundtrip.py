@@ -21,9 +21,9 @@ import torch
 import horovod.torch as hvd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain import dist  # noqa: E402
-from hvdtrain.checkpoint import Checkpointer, RngState  # noqa: E402
-from hvdtrain.settings import Settings  # noqa: E402
+from hvdtrain.runtime import dist  # noqa: E402
+from hvdtrain.runtime.checkpoint import Checkpointer, RngState  # noqa: E402
+from hvdtrain.runtime.settings import Settings  # noqa: E402
 
 
 class Model(torch.nn.Module):

@@ -11,7 +11,7 @@ import torch
 import horovod.torch as hvd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain import dist  # noqa: E402
+from hvdtrain.runtime import dist  # noqa: E402
 
 
 def main():

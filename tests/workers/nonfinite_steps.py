@@ -18,8 +18,9 @@ import torch
 import horovod.torch as hvd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain import nonfinite, optim  # noqa: E402
-from hvdtrain.run import TrainState  # noqa: E402
+from hvdtrain.runtime import nonfinite
+from hvdtrain.training import optim  # noqa: E402
+from hvdtrain.runtime.run import TrainState  # noqa: E402
 
 STEPS = 8
 PASSES = 2

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import torch  # noqa: E402
 import horovod.torch as hvd  # noqa: E402
 
-from hvdtrain import dist, signals  # noqa: E402
+from hvdtrain.runtime import dist, signals  # noqa: E402
 
 
 def record(output_dir, rank, **event):

@@ -12,7 +12,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain import dist  # noqa: E402
+from hvdtrain.runtime import dist  # noqa: E402
 
 
 def main():

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .cli import UsageError
-from .sampling import assign_rows
+from hvdtrain.errors import UsageError
+from hvdtrain.data.sampling import assign_rows
 
 FORMAT_NAME = "hvdtrain-bert-shards"
 FORMAT_VERSION = 1

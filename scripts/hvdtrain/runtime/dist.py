@@ -3,162 +3,25 @@
     ctx = dist.init()            # Horovod: hvd.init(), device pinning, threads
     ctx.print0("only rank 0 prints this")
 """
-import collections
-import contextlib
 import os
 import pickle
 import random
 import socket
 import sys
-import threading
-import time
-import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import horovod.torch as hvd
 
-from . import cli
-from .cli import UsageError
+from hvdtrain import cli
+from hvdtrain.errors import UsageError
+from hvdtrain.runtime import watchdog as watchdog_module
 
-# A rank that freezes (alive but silent) would otherwise hang the job forever:
-# Horovod's stall check only warns unless a shutdown time is set, and with the
-# Gloo controller it does not shut down even then (measured: a job with a frozen
-# rank still hung after 180 s). So every rank also runs a progress watchdog.
-WATCHDOG_EXIT = 3
-# Its limit adapts to the job: STEP_FACTOR times the slowest of the recent steps,
-# never below a floor. Steps of a few seconds give the floor: a hang is caught
-# within about a minute, while a job with 30 s steps still gets 300 s.
-DEFAULT_FLOOR_SECONDS = 60
-FLOOR_ENV = "HVDTRAIN_WATCHDOG_FLOOR_SECONDS"
-STEP_FACTOR = 10
-RECENT_STEPS = 100
-# A rank that waits in a collective fires this much later than its limit, so that
-# the rank that caused the wait (stuck in its own code) names itself first.
-WAITING_GRACE_SECONDS = 5
-# A fixed limit instead (0 turns the watchdog off).
-WATCHDOG_ENV = "HVDTRAIN_WATCHDOG_SECONDS"
-# Legitimate long phases (4 GB checkpoint writes on a shared file system, a first
-# torch.compile step, evaluation) get their own, longer limit; so does everything
-# before the first step of a launch (imports, data, the first step itself).
-DEFAULT_PHASE_SECONDS = 1800
-PHASE_ENV = "HVDTRAIN_PHASE_SECONDS"
 # HOROVOD_CYCLE_TIME (ms) under the Gloo controller (horovodrun --gloo, --elastic) unless
 # set: Gloo negotiates over TCP every cycle, and at Horovod's 1 ms that costs the
 # training threads CPU time (README, Performance: scripts/benchmark.py compare).
 GLOO_CYCLE_TIME_MS = "5"
-
-
-class Watchdog:
-    """Ends this process when the training loop stops making progress.
-
-    The loop calls ``step(n)`` after each training step and may call ``beat()``
-    for other progress. If nothing comes for longer than the limit (this rank
-    waits forever in a collective that a frozen or dead rank never joins, or is
-    stuck itself), a daemon thread prints one line saying which and exits the
-    process; the launcher (horovodrun, mpirun, srun) then ends the other ranks.
-
-    The limit is ``fixed`` when given, else max(``floor``, STEP_FACTOR x the
-    slowest recent step). Long legitimate phases (a checkpoint write, loading
-    shards, an evaluation, an export) run inside ``with watchdog.phase("what"):``
-    on every rank: there the limit is ``phase_timeout``, and so it is before the
-    first step of this launch (which may compile).
-    """
-
-    def __init__(self, rank, fixed=None, floor=DEFAULT_FLOOR_SECONDS, phase_timeout=DEFAULT_PHASE_SECONDS,
-                 watch=True):
-        self.rank = rank
-        self.fixed = fixed
-        self.floor = floor
-        self.phase_timeout = max(fixed or 0, phase_timeout)
-        self.recent = collections.deque(maxlen=RECENT_STEPS)  # seconds of the latest steps
-        self.step_number = None  # the latest finished step; None before the first
-        self.last_beat = time.monotonic()
-        self.current_phase = None
-        if watch and fixed != 0:  # watch=False: only the limits (tests)
-            threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True).start()
-
-    def beat(self):
-        self.last_beat = time.monotonic()
-
-    def step(self, number=None):
-        """A training step finished: progress, and a sample of how long steps take."""
-        now = time.monotonic()
-        if self.step_number is not None and self.current_phase is None:
-            self.recent.append(now - self.last_beat)  # not the first step: it may compile
-        self.step_number = number if number is not None else (self.step_number or 0) + 1
-        self.last_beat = now
-
-    @contextlib.contextmanager
-    def phase(self, name):
-        """A long step of work that beats once at its start and once at its end."""
-        outer = self.current_phase
-        self.current_phase = name
-        self.beat()
-        try:
-            yield
-        finally:
-            self.current_phase = outer
-            self.beat()
-
-    def limit(self):
-        """(seconds, what set them) for the current moment."""
-        if self.current_phase:
-            return self.phase_timeout, f"{PHASE_ENV}={self.phase_timeout:g}"
-        if self.fixed:
-            return self.fixed, f"{WATCHDOG_ENV}={self.fixed:g}"
-        if self.step_number is None:
-            return self.phase_timeout, f"before the first step, {PHASE_ENV}={self.phase_timeout:g}"
-        slowest = max(self.recent, default=0.0)
-        if STEP_FACTOR * slowest > self.floor:
-            return STEP_FACTOR * slowest, f"{STEP_FACTOR} x the slowest recent step, {slowest:.1f} s"
-        return self.floor, f"{FLOOR_ENV}={self.floor:g}"
-
-    def _watch(self):
-        frozen = 0.0  # seconds this whole process was stopped (SIGSTOP), as seen on waking
-        while True:
-            nap = min(5.0, max(0.2, self.limit()[0] / 10))
-            before = time.monotonic()
-            time.sleep(nap)
-            overslept = time.monotonic() - before - nap
-            if overslept > max(2.0, nap):  # no thread ran: the process itself was frozen
-                frozen = overslept
-            silent = time.monotonic() - self.last_beat
-            limit, why = self.limit()
-            if silent <= limit:
-                frozen = 0.0  # progress since: stopped and continued (Ctrl-Z, fg) is no hang
-            elif frozen or silent > limit + WAITING_GRACE_SECONDS or not _main_thread_place()[0]:
-                print(f"rank {self.rank}: error: {self._cause(silent, frozen)}; aborting "
-                      f"(limit {limit:.0f} s: {why})", file=sys.stderr, flush=True)
-                os._exit(WATCHDOG_EXIT)
-
-    def _cause(self, silent, frozen):
-        if frozen:
-            return (f"this process was frozen (stopped) for {frozen:.0f} s "
-                    f"{self._when()}, e.g. by SIGSTOP or a stalled node")
-        if self.current_phase:
-            return f"{self.current_phase} took more than {silent:.0f} s"
-        waiting, place = _main_thread_place()
-        if waiting:
-            return (f"no training progress for {silent:.0f} s {self._when()}: waiting in a collective for "
-                    f"another rank that is frozen, deadlocked or dead")
-        return (f"no training progress for {silent:.0f} s {self._when()}: this rank's main thread is stuck "
-                f"outside any collective, at {place}")
-
-    def _when(self):
-        return "before the first step" if self.step_number is None else f"after step {self.step_number}"
-
-
-def _main_thread_place():
-    """(waiting in Horovod?, "file:line in function") of the main thread's innermost frame."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    stack = traceback.extract_stack(frame) if frame else []
-    if not stack:
-        return False, "an unknown place"
-    waiting = any(f"{os.sep}horovod{os.sep}" in entry.filename for entry in stack)
-    innermost = stack[-1]
-    return waiting, f"{os.path.relpath(innermost.filename)}:{innermost.lineno} in {innermost.name}"
 
 
 @dataclass
@@ -168,7 +31,7 @@ class Context:
     local_rank: int
     local_size: int
     device: torch.device
-    watchdog: Watchdog = field(repr=False)
+    watchdog: watchdog_module.Watchdog = field(repr=False)
 
     @property
     def is_main(self):
@@ -202,13 +65,13 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
     """Start Horovod, pin this rank to its GPU, and share the CPU cores fairly.
 
     Also starts the progress watchdog: ``ctx.watchdog.step(n)`` after every step
-    (see Watchdog; HVDTRAIN_WATCHDOG_SECONDS sets a fixed limit, 0 turns it off).
+    (see runtime/watchdog.py; HVDTRAIN_WATCHDOG_SECONDS sets a fixed limit, 0 turns it off).
     """
     # Horovod reads these at init; an explicit environment setting wins.
     # (horovodrun's --stall-check-shutdown-time-seconds sets the same variable.)
     # The watchdog finds hangs; Horovod's own shutdown (MPI only) is a backstop that
     # must not end a legitimate phase the watchdog allows.
-    phase_seconds = _seconds_from_env(PHASE_ENV, DEFAULT_PHASE_SECONDS)
+    phase_seconds = watchdog_module.phase_seconds()
     shutdown = stall_shutdown_seconds or int(phase_seconds)
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(shutdown))
     # The warning time must not exceed the shutdown time, or Horovod ignores the shutdown.
@@ -240,24 +103,9 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
     if threads:
         torch.set_num_threads(threads)
 
-    watchdog = Watchdog(hvd.rank(), fixed=_seconds_from_env(WATCHDOG_ENV, None),
-                        floor=_seconds_from_env(FLOOR_ENV, DEFAULT_FLOOR_SECONDS), phase_timeout=phase_seconds)
+    watchdog = watchdog_module.from_env(hvd.rank())
     return Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                    local_size=hvd.local_size(), device=device, watchdog=watchdog)
-
-
-def _seconds_from_env(name, default):
-    """A number of seconds from the environment; a bad value stops with one line naming it."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise UsageError(f"{name}={text!r}: expected a number of seconds (0 or more)")
-    return value
 
 
 def cuda_device_index(local_rank, local_size, visible_count):

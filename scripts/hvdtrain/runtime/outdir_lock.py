@@ -30,7 +30,7 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .cli import UsageError
+from hvdtrain.errors import UsageError
 
 LOCK_NAME = "run.lock"
 # squeue states of a job that will never run again.

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import hostlist  # python-hostlist: Slurm host list syntax
 
-from .cli import UsageError
+from hvdtrain.errors import UsageError
 
 FORMATS = ("openmpi", "mpich", "horovodrun", "H")
 

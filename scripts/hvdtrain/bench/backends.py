@@ -29,9 +29,9 @@ import torch.distributed as torch_dist
 import horovod
 import horovod.torch as hvd
 
-from . import dist
-from .cli import UsageError
-from .mpi_world import launched_size
+from hvdtrain.runtime import dist
+from hvdtrain.errors import UsageError
+from hvdtrain.launch.mpi_world import launched_size
 
 
 def threads_for(local_size, threads=None):

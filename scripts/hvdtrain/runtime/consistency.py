@@ -15,7 +15,7 @@ import hashlib
 
 import horovod.torch as hvd
 
-from .cli import UsageError
+from hvdtrain.errors import UsageError
 
 # Paths that may differ between ranks (node-local copies of the same files):
 # what they hold is compared through the data facts instead. --threads may be

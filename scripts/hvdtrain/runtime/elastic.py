@@ -25,10 +25,11 @@ import horovod.torch as hvd
 from horovod.common.elastic import State
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
-from . import cli, dist
-from .checkpoint import broadcast_state
-from .cli import UsageError
-from .runlog import RunLog, drop_rows_after
+from hvdtrain import cli
+from hvdtrain.runtime import dist
+from hvdtrain.runtime.checkpoint import broadcast_state
+from hvdtrain.errors import UsageError
+from hvdtrain.runtime.runlog import RunLog, drop_rows_after
 
 ELASTIC_ENV = "HOROVOD_ELASTIC"  # set by horovodrun for --min-np/--max-np/--host-discovery-script jobs
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .bert_corpus import save_tokenizer
-from .cli import UsageError
+from hvdtrain.data.bert_corpus import save_tokenizer
+from hvdtrain.errors import UsageError
 
 PRESETS = {
     "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),

@@ -7,7 +7,8 @@ mpi4py is imported only when a launcher started several ranks, so a plain
 """
 import os
 
-from .cli import UsageError, agree_on_errors
+from hvdtrain.errors import UsageError
+from hvdtrain.cli import agree_on_errors
 
 # Set by Open MPI's mpirun, MPICH/Intel MPI (PMI) and srun with PMI/PMIx.
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")

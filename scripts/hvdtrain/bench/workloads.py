@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import torch
 import torch.nn as nn
 
-from . import bert_models, optim
-from .metrics import SumMeter
-from .models import resnet
+from hvdtrain.models import bert as bert_models
+from hvdtrain.training import optim
+from hvdtrain.runtime.metrics import SumMeter
+from hvdtrain.models import resnet
 
 CNN_MODELS = {"resnet20": (32, 10), "resnet56": (32, 10), "resnet18": (224, 1000), "resnet50": (224, 1000),
               "convnet": (32, 10)}  # name -> (image size, classes)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from .cli import UsageError
+from hvdtrain.errors import UsageError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

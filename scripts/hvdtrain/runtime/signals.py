@@ -15,7 +15,7 @@ from multiprocessing import forkserver, resource_tracker
 
 import horovod.torch as hvd
 
-from . import dist
+from hvdtrain.runtime import dist
 
 
 # Signals a launcher or Slurm sends to every process of a rank. A DataLoader

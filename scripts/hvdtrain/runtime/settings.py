@@ -15,7 +15,7 @@ On resume every saved setting is compared with the new one:
 """
 from pathlib import Path
 
-from .cli import UsageError
+from hvdtrain.errors import UsageError
 
 # Used and announced when they differ from the checkpoint's.
 ADJUSTABLE = {

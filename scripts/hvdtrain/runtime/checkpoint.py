@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from . import dist, faults
-from .cli import UsageError
+from hvdtrain.runtime import dist, faults
+from hvdtrain.errors import UsageError
 
 FORMAT = 2  # the layout below; earlier checkpoints cannot be resumed
 _NAME = re.compile(r"^step-(\d+)\.pt$")

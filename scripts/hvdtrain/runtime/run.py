@@ -21,11 +21,12 @@ from pathlib import Path
 
 import horovod.torch as hvd
 
-from . import cli, dist, faults, nonfinite, settings as settings_module
-from .checkpoint import Checkpointer, RngState, clear_run_outputs
-from .metrics import Throughput, total_throughput
-from .outdir_lock import OutputDirLock
-from .runlog import RunLog
+from hvdtrain import cli, errors
+from hvdtrain.runtime import dist, faults, nonfinite, settings as settings_module
+from hvdtrain.runtime.checkpoint import Checkpointer, RngState, clear_run_outputs
+from hvdtrain.runtime.metrics import Throughput, total_throughput
+from hvdtrain.runtime.outdir_lock import OutputDirLock
+from hvdtrain.runtime.runlog import RunLog
 
 
 def add_run_arguments(parser, output_dir, checkpoint_every):
@@ -158,6 +159,7 @@ class Run:
         state = self.state
         state.step, state.step_in_epoch = state.step + 1, state.step_in_epoch + 1
         self.ctx.watchdog.step(state.step)  # progress, and how long steps take (the stall limit)
+        errors.note_step(state.step)  # a one-line failure report says "after step N"
         faults.at_step(self.ctx.rank, state.step)  # test-only fault injection (HVDTRAIN_FAULT)
         self.throughput.step(samples)
         self.log.progress(state.step)

@@ -5,7 +5,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import UsageError
+from hvdtrain.errors import UsageError
 
 try:
     from tqdm import tqdm

@@ -29,10 +29,10 @@ import os
 
 import torch
 
-from . import cli, dist
-from .cli import UsageError
+from hvdtrain import cli
+from hvdtrain.runtime import dist
+from hvdtrain.errors import NONFINITE_EXIT, UsageError
 
-NONFINITE_EXIT = 4
 # Tests only: "rank=1,steps=5,6" makes rank 1's loss NaN at steps 5 and 6.
 INJECT_ENV = "HVDTRAIN_INJECT_NONFINITE"
 
@@ -105,7 +105,7 @@ class NonFiniteGuard:
 
 
 class RunStopped(UsageError):
-    """Every rank stops with this one line and exit status NONFINITE_EXIT (see cli.run_main)."""
+    """Every rank stops with this one line and exit status NONFINITE_EXIT (see errors.py)."""
 
     exit_status = NONFINITE_EXIT
 

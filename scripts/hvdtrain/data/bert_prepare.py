@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bert_corpus as corpus
+from hvdtrain.data import bert_corpus as corpus
 
 SCRATCH_DIR = ".prepare-scratch"
 TOKENIZE_CHUNK = 20_000   # sentences per Rust batch call

@@ -1,0 +1,2 @@
+"""Data: image data sets, rank sharding and samplers, BERT corpus preparation and
+the pretraining shards. No Horovod here."""
