@@ -1,40 +1,12 @@
-"""Shared fixtures. Under CI=true a missing component fails; elsewhere it skips."""
-import importlib
-import os
-import shutil
-import sys
-from pathlib import Path
+"""Pytest's hooks and the shared fixtures; the helpers themselves are in tests/support/.
 
+Under CI=true a missing component fails; elsewhere it skips (support/needs.py).
+"""
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def require(condition, what, install_hint):
-    """Fail under CI, skip elsewhere, when a component the test needs is absent."""
-    if condition:
-        return
-    message = f"{what} is missing: {install_hint}"
-    if IN_CI:
-        pytest.fail(f"CI=true and {message}", pytrace=False)
-    pytest.skip(message)
-
-
-def require_program(name, install_hint):
-    require(shutil.which(name) or (Path(sys.executable).parent / name).exists(),
-            f"`{name}`", install_hint)
-
-
-def require_module(name, install_hint="run `make setup`"):
-    try:
-        importlib.import_module(name)
-        found = True
-    except ImportError:
-        found = False
-    require(found, name, install_hint)
+from support.needs import cuda_gpus, require_module, require_program
+from support.slurm_cluster import SlurmCluster, require_slurm
+from support.two_hosts import TwoHosts, require_two_hosts
 
 
 @pytest.fixture
@@ -48,13 +20,31 @@ def need_mpi():
     require_program("mpirun", "install Open MPI (apt-get install openmpi-bin libopenmpi-dev) or `make setup` as root")
 
 
-def cuda_gpus():
-    """CUDA GPUs this process sees (0 without CUDA, or with a CPU build of torch)."""
+# The session fixtures that several test modules use, defined once here: one
+# imported into two modules would be two fixtures, each started once per session
+# (two_hosts would then create its namespaces twice, slurm_cluster would run two
+# clusters side by side). Under pytest-xdist a session is one worker's: the tests
+# that use them are kept on one worker each (see pytest_collection_modifyitems).
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A running one-node Slurm cluster for the whole test session."""
+    require_slurm()
+    cluster = SlurmCluster.start()
     try:
-        import torch
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def two_hosts():
+    """hvd-a and hvd-b, two network namespaces with sshd on hvd-b, for the session."""
+    require_two_hosts()
+    hosts = TwoHosts().start()
+    try:
+        yield hosts
+    finally:
+        hosts.stop()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -78,11 +68,3 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 _GPU_DESELECTED = pytest.StashKey[int]()
-
-# The session fixtures that several test modules use, defined once here: one
-# imported into two modules would be two fixtures, each started once per session
-# (two_hosts would then create its namespaces twice, slurm_cluster would run two
-# clusters side by side). Imported last: they import require() and
-# require_program() from this module.
-from slurm_cluster import slurm_cluster  # noqa: E402,F401
-from two_hosts import two_hosts  # noqa: E402,F401

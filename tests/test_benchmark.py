@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from launch import SCRIPTS, horovodrun, python
+from support.launch import SCRIPTS, horovodrun, python
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 

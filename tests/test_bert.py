@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import require_module
-from launch import SCRIPTS, horovodrun, launch, python
+from support.bert_data import make_small_static_data
+from support.checks import succeeded
+from support.commands import PREPARE, PRETRAIN
+from support.launch import horovodrun, launch, python
+from support.needs import require_module
 
-PREPARE = SCRIPTS / "prepare_bert_data.py"
-PRETRAIN = SCRIPTS / "pretrain_bert.py"
 # Small enough for 2 shared cores, large enough to show real learning.
 SMALL_DATA = ["--max-seq-length", "64", "--vocab-size", "4000", "--dupe-factor", "2", "--num-shards", "4"]
 TINY_RUN = ["--model", "tiny", "--batch-size", "16", "--log-every", "10"]
@@ -24,11 +25,6 @@ TINY_RUN = ["--model", "tiny", "--batch-size", "16", "--log-every", "10"]
 
 def need_mpi4py():
     require_module("mpi4py")
-
-
-def ok(run):
-    assert run.returncode == 0 and not run.timed_out, run.describe()
-    return run
 
 
 def results(directory):
@@ -43,19 +39,8 @@ def metrics(directory):
 def data_dir(tmp_path_factory):
     """The embedded corpus, prepared once (dynamic masking)."""
     directory = tmp_path_factory.mktemp("bert") / "data"
-    ok(python([PREPARE, "--output-dir", directory, *SMALL_DATA], timeout=120))
+    succeeded(python([PREPARE, "--output-dir", directory, *SMALL_DATA], timeout=120))
     return directory
-
-
-def make_small_static_data(root, timeout=120):
-    """A few documents from a text file, static masking: an epoch is only a few steps."""
-    from hvdtrain.data.bert_corpus import default_corpus_documents
-    text = "\n\n".join("\n".join(document[:30]) for document in default_corpus_documents()[:8])
-    (root / "corpus.txt").write_text(text + "\n")
-    ok(python([PREPARE, "--input", root / "corpus.txt", "--output-dir", root / "data", "--max-seq-length", "64",
-               "--vocab-size", "600", "--dupe-factor", "1", "--num-shards", "2", "--masking", "static"],
-              timeout=timeout))
-    return root / "data"
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +52,7 @@ def small_static_data(tmp_path_factory):
 def pretrained(data_dir, tmp_path_factory):
     """The headline run: 2 Horovod ranks, tiny BERT, a few hundred steps."""
     output = tmp_path_factory.mktemp("bert-run") / "run"
-    run = ok(horovodrun(2, [PRETRAIN, "--data", data_dir, "--output-dir", output, *TINY_RUN, "--steps", "300",
+    run = succeeded(horovodrun(2, [PRETRAIN, "--data", data_dir, "--output-dir", output, *TINY_RUN, "--steps", "300",
                             "--lr", "1e-2", "--checkpoint-every", "150"], timeout=900))
     return output, run
 
@@ -95,8 +80,8 @@ def test_prepare_under_mpirun_writes_the_single_process_shards(source, tmp_path,
         (tmp_path / "corpus.txt").write_text("\n\n".join("\n".join(d) for d in default_corpus_documents()) + "\n")
         args += ["--input", tmp_path / "corpus.txt"]
         ranks = 3
-    ok(python([PREPARE, "--output-dir", tmp_path / "one", *args], timeout=120))
-    many_run = ok(launch(["mpirun", "--oversubscribe", "-np", str(ranks), sys.executable, PREPARE,
+    succeeded(python([PREPARE, "--output-dir", tmp_path / "one", *args], timeout=120))
+    many_run = succeeded(launch(["mpirun", "--oversubscribe", "-np", str(ranks), sys.executable, PREPARE,
                           "--output-dir", tmp_path / "many", *args], timeout=180))
     per_rank = re.search(r"documents tokenized per rank: ([\d ]+)\)", many_run.output).group(1).split()
     assert len(per_rank) == ranks and all(int(count) > 0 for count in per_rank), per_rank
@@ -136,10 +121,10 @@ def test_resume_is_bit_exact(small_static_data, tmp_path):
     """Uninterrupted 8 steps == 3 steps, stop, resume to 8 (crossing an epoch boundary)."""
     common = [PRETRAIN, "--data", small_static_data, "--model", "tiny", "--batch-size", "4",
               "--accumulation-steps", "2", "--steps", "8", "--log-every", "1", "--checkpoint-every", "0"]
-    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "whole"], timeout=180))
-    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "parts", "--stop-after", "3"], timeout=180))
+    succeeded(horovodrun(2, [*common, "--output-dir", tmp_path / "whole"], timeout=180))
+    succeeded(horovodrun(2, [*common, "--output-dir", tmp_path / "parts", "--stop-after", "3"], timeout=180))
     assert results(tmp_path / "parts")["completed"] is False
-    second = ok(horovodrun(2, [*common, "--output-dir", tmp_path / "parts"], timeout=180))
+    second = succeeded(horovodrun(2, [*common, "--output-dir", tmp_path / "parts"], timeout=180))
     assert "resumed from" in second.output and "at step 3" in second.output, second.describe()
 
     whole = torch.load(tmp_path / "whole" / "step-000000008.pt", weights_only=True)
@@ -158,12 +143,12 @@ def test_resume_is_bit_exact(small_static_data, tmp_path):
 
 def test_phase2_starts_from_phase1_weights_with_longer_sequences(pretrained, data_dir, tmp_path):
     phase1, _ = pretrained
-    ok(python([PREPARE, "--output-dir", tmp_path / "data128", "--max-seq-length", "128", "--vocab",
+    succeeded(python([PREPARE, "--output-dir", tmp_path / "data128", "--max-seq-length", "128", "--vocab",
                data_dir / "tokenizer", "--dupe-factor", "1", "--num-shards", "2", "--bin-size", "32"], timeout=120))
     meta = json.loads((tmp_path / "data128" / "metadata.json").read_text())
     assert meta["vocab_sha256"] == json.loads((data_dir / "metadata.json").read_text())["vocab_sha256"]
     assert [len(shard["bins"]) for shard in meta["shards"]] == [4, 4]  # phase 2 trains length-binned
-    run = ok(horovodrun(2, [PRETRAIN, "--data", tmp_path / "data128", "--init-checkpoint", phase1,
+    run = succeeded(horovodrun(2, [PRETRAIN, "--data", tmp_path / "data128", "--init-checkpoint", phase1,
                             "--max-seq-length", "128", "--batch-size", "8", "--steps", "3", "--log-every", "1",
                             "--output-dir", tmp_path / "phase2"], timeout=180))
     assert "initialised from" in run.output and "its step 300" in run.output, run.describe()
@@ -210,7 +195,7 @@ def test_signal_to_one_rank_checkpoints_every_rank_and_resumes(data_dir, tmp_pat
 
     sender = threading.Thread(target=preempt, daemon=True)
     sender.start()
-    run = ok(horovodrun(2, args, timeout=240))
+    run = succeeded(horovodrun(2, args, timeout=240))
     sender.join()
     assert sent, "found no rank-1 process to signal"
     assert "stopped by SIGUSR1 (rank 1) at step" in run.output, run.describe()
@@ -219,7 +204,7 @@ def test_signal_to_one_rank_checkpoints_every_rank_and_resumes(data_dir, tmp_pat
     assert 3 <= stopped_at < 1000 and stopped_at % 10 == 0  # checked every --stop-check-every steps
     assert results(output)["completed"] is False and results(output)["steps"] == stopped_at
 
-    resumed = ok(horovodrun(2, [*args, "--stop-after", str(stopped_at + 2)], timeout=180))
+    resumed = succeeded(horovodrun(2, [*args, "--stop-after", str(stopped_at + 2)], timeout=180))
     assert f"at step {stopped_at}" in resumed.output, resumed.describe()
     assert [r["step"] for r in metrics(output)][-2:] == [stopped_at + 1, stopped_at + 2]
 

@@ -8,27 +8,14 @@ import re
 import pytest
 import torch
 
-from launch import RANK_TRACEBACK, REPO, SCRIPTS, horovodrun, the_one_error_line
+from support.checks import ok, one_line_error, succeeded
+from support.commands import CNN, PREPARE, PRETRAIN, QUICK_CNN
+from support.launch import REPO, horovodrun, python
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 
 ROUNDTRIP = REPO / "tests" / "workers" / "checkpoint_roundtrip.py"
 SLOW_PHASE = REPO / "tests" / "workers" / "slow_phase.py"
-CNN = SCRIPTS / "train_cnn.py"
-QUICK_CNN = ["--model", "convnet", "--image-size", "8", "--batch-size", "16"]
-
-
-def ok(run):
-    assert run.returncode == 0 and not run.timed_out, run.describe()
-    assert not RANK_TRACEBACK.search(run.output), run.describe()
-    return run
-
-
-def one_line_error(run, *fragments):
-    """Exit status 2 on the ranks, one line, no rank traceback (horovodrun's own report aside)."""
-    assert run.returncode != 0 and not run.timed_out, run.describe()
-    assert re.search(r"Exit code: 2\b", run.output), run.describe()
-    return the_one_error_line(run, *fragments)
 
 
 def rows(directory, drop=("images_per_sec", "images_per_sec_per_worker", "epoch_seconds")):
@@ -141,10 +128,9 @@ def test_cnn_resume_writes_the_rows_of_an_uninterrupted_run(tmp_path, stop_after
 
 def test_bert_resume_after_a_crash_does_not_duplicate_rows(tmp_path):
     """Rows logged after the last checkpoint, before a crash, are written once."""
-    from test_bert import PREPARE, PRETRAIN, ok as bert_ok, python
     data = tmp_path / "data"
-    bert_ok(python([PREPARE, "--output-dir", data, "--max-seq-length", "64", "--vocab-size", "1000",
-                    "--dupe-factor", "1", "--num-shards", "2"], timeout=120))
+    succeeded(python([PREPARE, "--output-dir", data, "--max-seq-length", "64", "--vocab-size", "1000",
+                      "--dupe-factor", "1", "--num-shards", "2"], timeout=120))
     common = [PRETRAIN, "--data", data, "--model", "tiny", "--batch-size", "4", "--steps", "9",
               "--log-every", "1", "--checkpoint-every", "4"]
     ok(horovodrun(2, [*common, "--output-dir", tmp_path / "whole"], timeout=180))

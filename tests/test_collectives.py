@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from launch import REPO, horovodrun
+from support.launch import REPO, horovodrun
 
 WORKER = REPO / "tests" / "workers" / "collectives.py"
 

@@ -3,7 +3,7 @@
 The host discovery script reads a hostfile the test rewrites. On one machine
 the two "hosts" are the names localhost and 127.0.0.1 (Horovod blacklists the
 host of a failed worker, so the survivor must be on another name), and across
-the two network-namespace hosts of two_hosts.py they are hvd-a and hvd-b.
+the two network-namespace hosts of support/two_hosts.py they are hvd-a and hvd-b.
 
 What every test checks in the run's metrics.jsonl: each epoch trained every
 sample of the data set exactly once (``train_samples``, summed over the ranks
@@ -16,9 +16,9 @@ import re
 import signal
 import sys
 
-from launch import SCRIPTS, launch, python
-from test_launchers import wait_then
-from two_hosts import INTERFACE  # the two_hosts session fixture comes from conftest
+from support.bert_data import make_small_static_data
+from support.launch import SCRIPTS, launch, python, wait_then
+from support.two_hosts import INTERFACE  # the two_hosts session fixture comes from conftest
 
 DIGITS_TRAIN = 1438  # digits samples left for training by the fixed validation split
 # A checkpoint at step 50 (written after the commit there): 5 steps into epoch 2 at two workers
@@ -183,7 +183,6 @@ def test_elastic_needs_an_elastic_launch(need_horovod, tmp_path):
 
 def test_pretrain_bert_survives_a_killed_worker(need_horovod, tmp_path):
     """BERT --elastic: SIGKILL the rank on 127.0.0.1 after step 10; localhost finishes every step alone."""
-    from test_bert import make_small_static_data
     data = make_small_static_data(tmp_path)
     hostfile, out = tmp_path / "hosts", tmp_path / "run"
     write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1")

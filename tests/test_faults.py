@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import require_module, require_program
-from fault_cells import FAULTS, LAUNCHERS, LIMITS, TRAIN, run_cell
-from launch import horovodrun, python
+from support.fault_cells import FAULTS, LAUNCHERS, LIMITS, TRAIN, run_cell
+from support.launch import horovodrun, python
+from support.needs import require_module, require_program
 
 # Lowered for speed: the watchdog's floor (default 60 s) and Horovod's stall warning.
 FAST = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "10"}

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import require
-from launch import RANK_TRACEBACK, SCRIPTS, horovodrun, launch
-from test_bert import make_small_static_data
+from support.bert_data import make_small_static_data
+from support.launch import RANK_TRACEBACK, SCRIPTS, horovodrun, launch
+from support.needs import require
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_horovod")]
 

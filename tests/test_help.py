@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from launch import REPO, SCRIPTS, python
+from support.launch import REPO, SCRIPTS, python
 
 SCRIPT_NAMES = ["train_cnn.py", "prepare_bert_data.py", "pretrain_bert.py", "make_hostfile.py",
                 "discover_hosts.py", "benchmark.py", "benchmark.py train", "benchmark.py allreduce",
@@ -102,8 +102,8 @@ OTHER_PROGRAMS = {
     "pip, venv": {"--no-binary", "--no-deps", "--no-build-isolation", "--system-site-packages"},
     "scripts/setup/setup.sh": {"--dry-run"},
     "slurm/submit_bert_phases.sh": {"--phase1", "--phase2", "--phase1-data", "--phase2-data", "--sbatch"},
-    "tests/tools/make_bench_corpus.py": {"--megabytes", "--files"},
-    "tests/tools/make_synthetic_shards.py": {"--tokenizer", "--shards", "--rows"},
+    "tools/make_bench_corpus.py": {"--megabytes", "--files"},
+    "tools/make_synthetic_shards.py": {"--tokenizer", "--shards", "--rows"},
 }
 
 
@@ -120,12 +120,12 @@ def test_every_option_the_readme_names_exists():
     assert not named - known, f"README.md names options no script has: {sorted(named - known)}"
 
 
-MEASUREMENT_TOOLS = sorted([REPO / "tests" / "link_study.py", *(REPO / "tests" / "tools").glob("*.py")])
+MEASUREMENT_TOOLS = sorted((REPO / "tools").glob("*.py"))
 
 
 @pytest.mark.parametrize("tool", MEASUREMENT_TOOLS, ids=[tool.name for tool in MEASUREMENT_TOOLS])
 def test_measurement_tools_start_as_programs(tool):
-    """The README's measurement tools run as programs, outside pytest (which imports
-    conftest first: a tool that imports a test helper must not trip on that order)."""
+    """The README's measurement tools (tools/) run as programs, outside pytest: the
+    helpers they share with the tests (tests/support/) come without conftest.py."""
     ran = python([tool, "--help"], timeout=60)
     assert ran.returncode == 0 and "usage:" in ran.output, ran.describe()

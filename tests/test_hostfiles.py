@@ -9,19 +9,10 @@ import pytest
 
 from hvdtrain.launch import hosts as hostlib
 from hvdtrain.errors import UsageError
-from launch import REPO, SCRIPTS, python
+from support.commands import DISCOVER, NO_ALLOCATION, make_hostfile
+from support.launch import REPO, python
 
-MAKE = SCRIPTS / "make_hostfile.py"
-DISCOVER = SCRIPTS / "discover_hosts.py"
 HOSTFILES = REPO / "hostfiles"
-# Run the tools as if outside any batch system, whatever the test runner is in.
-NO_ALLOCATION = {name: "" for name in ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE",
-                                       "SLURM_NTASKS_PER_NODE", "PBS_NODEFILE", "LSB_HOSTS",
-                                       "LSB_MCPU_HOSTS", "HVD_DISCOVERY_HOSTFILE")}
-
-
-def make_hostfile(args, env=None):
-    return python([MAKE, *args], timeout=30, env={**NO_ALLOCATION, **(env or {})})
 
 
 # ---------------------------------------------------------------- nodelists

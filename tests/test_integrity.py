@@ -17,26 +17,17 @@ import h5py
 import pytest
 import torch
 
-from launch import SCRIPTS, horovodrun, launch, python
-from test_bert import PRETRAIN, make_small_static_data
-from test_checkpoints import CNN, QUICK_CNN, ok, one_line_error
-from test_hostfiles import DISCOVER, NO_ALLOCATION, make_hostfile
-from test_train_cnn import make_cifar10
+from support.bert_data import make_small_static_data
+from support.checks import ok, one_line_error
+from support.commands import CNN, DISCOVER, NO_ALLOCATION, PRETRAIN, QUICK_CNN, make_hostfile
+from support.image_data import make_cifar10
+from support.launch import SCRIPTS, horovodrun, launch, python
+from support.locks import lock_of
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 
 
 # ---------------------------------------------------------------- output-directory lock
-def lock_of(holder_pid, **fields):
-    """A run.lock as a holder on this host would have written it."""
-    stat = open(f"/proc/{holder_pid}/stat").read() if os.path.exists(f"/proc/{holder_pid}/stat") else None
-    start = int(stat.rsplit(")", 1)[1].split()[19]) if stat else 1
-    lock = {"host": socket.gethostname(), "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(),
-            "pid": holder_pid, "pid_start": start, "slurm_job_id": "", "started": "2026-11-22T10:00:00+00:00",
-            "command": "train_cnn.py --lr 0.2", "token": "planted"}
-    return json.dumps({**lock, **fields})
-
-
 def dead_pid():
     child = subprocess.Popen(["true"])
     child.wait()

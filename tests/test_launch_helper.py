@@ -2,7 +2,7 @@
 import os
 import time
 
-from launch import launch
+from support.launch import launch
 
 
 def _alive(pid):

@@ -4,16 +4,14 @@
     horovodrun --host-discovery-script "python scripts/discover_hosts.py FILE" ...  (elastic, growing)
 
 and mpirun and horovodrun across two real hosts (network namespaces with sshd,
-see two_hosts.py). The one-machine forms with hostfiles/localhost* run as the
+see support/two_hosts.py). The one-machine forms with hostfiles/localhost* run as the
 README writes them in test_readme.py.
 """
 import json
 import sys
-import threading
-import time
 
-from launch import REPO, SCRIPTS, launch, python
-from two_hosts import INTERFACE
+from support.launch import REPO, SCRIPTS, launch, python, wait_then
+from support.two_hosts import INTERFACE
 
 HOSTFILES = REPO / "hostfiles"
 TINY_CNN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--epochs", "1", "--max-steps", "3"]
@@ -34,20 +32,6 @@ def test_horovodrun_cannot_read_a_commented_hostfile_and_make_hostfile_says_why(
                       "--input-format", "horovodrun"], timeout=30)
     assert checked.returncode == 2
     assert "line 1: horovodrun --hostfile cannot read comments" in checked.output
-
-
-def wait_then(condition, action, timeout):
-    """In a thread: once ``condition()`` holds, run ``action()`` (gives up after ``timeout`` s)."""
-    def watch():
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                action()
-                return
-            time.sleep(0.2)
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_elastic_job_grows_when_the_discovered_hostfile_grows(need_horovod, tmp_path):

@@ -14,9 +14,10 @@ import torch
 
 from hvdtrain.runtime import nonfinite
 from hvdtrain.errors import UsageError
-from launch import REPO, horovodrun, the_one_error_line
-from test_bert import PRETRAIN, make_small_static_data
-from test_checkpoints import CNN, QUICK_CNN, ok
+from support.bert_data import make_small_static_data
+from support.checks import ok, the_one_error_line
+from support.commands import CNN, PRETRAIN, QUICK_CNN
+from support.launch import REPO, horovodrun
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 

@@ -15,10 +15,11 @@ import pytest
 
 from hvdtrain.runtime import consistency
 from hvdtrain.data import images
-from image_data import make_image_folder
-from launch import launch
-from test_bert import PRETRAIN, make_small_static_data
-from test_checkpoints import CNN, QUICK_CNN, ok, one_line_error
+from support.bert_data import make_small_static_data
+from support.checks import ok, one_line_error
+from support.commands import CNN, PRETRAIN, QUICK_CNN
+from support.image_data import make_image_folder
+from support.launch import launch
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 

@@ -16,8 +16,8 @@ import re
 
 import pytest
 
-from launch import RANK_TRACEBACK, REPO, VENV_BIN, launch
-from test_train_cnn import make_cifar10
+from support.image_data import make_cifar10
+from support.launch import RANK_TRACEBACK, REPO, VENV_BIN, launch
 
 pytestmark = pytest.mark.usefixtures("need_horovod", "need_mpi")
 

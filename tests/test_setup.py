@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import REPO, launch
+from support.launch import REPO, launch
 
 
 def test_second_setup_is_quick_and_horovod_has_every_backend(need_horovod):

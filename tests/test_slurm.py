@@ -10,16 +10,17 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-import torch
 
-from conftest import require_module, require_program
-from image_data import make_image_folder
-from launch import REPO, SCRIPTS, horovodrun, launch, python
-from slurm_cluster import run
+from support.bert_data import prepare_bert_data
+from support.image_data import make_image_folder
+from support.launch import REPO, SCRIPTS, horovodrun, launch
+from support.locks import lock_of
+from support.needs import require_module, require_program
+from support.slurm_cluster import run
+from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, events,
+                                final_checkpoint, probe_sbatch, send_usr1_to_batch_shell)
 
-SLURM = REPO / "slurm"
 SBATCH_FILES = [SLURM / "train_cnn.sbatch", SLURM / "pretrain_bert.sbatch"]
-LAUNCHERS = ("srun", "mpirun", "horovodrun")
 JOB_TIMEOUT = 240
 
 
@@ -83,18 +84,6 @@ def wait_for_text(path, text, timeout, cluster, job):
     pytest.fail(f"job {job}: no {text!r} after {timeout} s\n{path.read_text() if path.exists() else ''}")
 
 
-def send_usr1_to_batch_shell(cluster, job):
-    """What --signal=B:USR1@N does before the time limit, on demand."""
-    cluster.run(["scancel", "--signal=USR1", "--batch", job])
-
-
-def assert_requeued_once(cluster, job, info, log):
-    assert info["JobState"] == "COMPLETED", f"{info}\n{log}"
-    assert info.get("Restarts") == "1", f"job {job} was not requeued exactly once: {info}\n{log}"
-    for expected in ("restart count 0", "USR1: asking the ranks", "requeueing job", "restart count 1"):
-        assert expected in log, f"job {job} log lacks {expected!r}:\n{log}"
-
-
 def slurm_time(value):
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S")
 
@@ -107,21 +96,6 @@ def test_unknown_launcher_fails_the_job_with_one_line(slurm_cluster, tmp_path):
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0", info
     assert log.read_text().strip().splitlines() == [
         "train-cnn: error: LAUNCHER=ssh: choose srun, mpirun or horovodrun"]
-
-
-def probe_sbatch(tmp_path):
-    """train_cnn.sbatch, word for word, but running tests/workers/preemptible.py."""
-    text = (SLURM / "train_cnn.sbatch").read_text()
-    line = 'hvd_run scripts/train_cnn.py "$@"'
-    assert text.count(line) == 1
-    path = tmp_path / "probe.sbatch"
-    path.write_text(text.replace(line, 'hvd_run tests/workers/preemptible.py "$@"'))
-    return path
-
-
-def events(directory, rank):
-    path = Path(directory) / f"events-rank{rank}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_usr1_reaches_every_rank_then_requeue_and_resume_with_every_launcher(
@@ -156,23 +130,6 @@ def test_usr1_reaches_every_rank_then_requeue_and_resume_with_every_launcher(
             assert 0 < stop["step"] < total, (launcher, rank, stop)
             assert resumed["step"] == stop["step"] and done["step"] == total
             assert start["size"] == resumed["size"] == 2
-
-
-def final_checkpoint(directory, step):
-    return torch.load(Path(directory) / f"step-{step:09d}.pt", map_location="cpu", weights_only=True)
-
-
-def assert_same_tensors(a, b, where):
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), f"{where} differs"
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_same_tensors(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for index, (x, y) in enumerate(zip(a, b)):
-            assert_same_tensors(x, y, f"{where}[{index}]")
 
 
 def test_train_cnn_sbatch_every_launcher_and_requeue_matches_uninterrupted(
@@ -274,13 +231,6 @@ def test_term_to_a_horovodrun_batch_shell_reaches_the_ranks_and_resumes(signalle
     assert json.loads((out / "results.json").read_text())["steps"] == step + 2
 
 
-def prepare_bert_data(output_dir, seq_length):
-    args = [SCRIPTS / "prepare_bert_data.py", "--output-dir", output_dir, "--max-seq-length", seq_length,
-            "--dupe-factor", "1", "--vocab-size", "1000"]
-    prepared = python(args, timeout=120)
-    assert prepared.returncode == 0, prepared.describe()
-
-
 def test_bert_phase1_then_phase2_in_order(slurm_cluster, need_horovod, tmp_path):
     # One data set for both phases keeps the test short; the chain is what is tested.
     prepare_bert_data(tmp_path / "data", 32)
@@ -330,7 +280,6 @@ def test_output_dir_lock_across_jobs_and_requeues(slurm_cluster, need_horovod, t
     """A lock held by another running job (on another node) stops a job with exit 2; once
     squeue says that job ended, its lock is taken over; a requeued job (its earlier run's
     lock, from a node that died) takes over its own lock."""
-    from test_integrity import lock_of
     args = ["--model", "convnet", "--image-size", "8", "--batch-size", "16", "--epochs", "1", "--stop-after", "2"]
     out = tmp_path / "out"
     out.mkdir()

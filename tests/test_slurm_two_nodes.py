@@ -1,4 +1,4 @@
-"""slurm/ on a real two-node Slurm cluster: one slurmd on each of two_hosts.py's hosts.
+"""slurm/ on a real two-node Slurm cluster: one slurmd on each of support/two_hosts.py's hosts.
 
     hvd-a 10.77.0.1: slurmctld, slurmd -N hvd-a    hvd-b 10.77.0.2: slurmd -N hvd-b, sshd
 
@@ -15,12 +15,13 @@ import time
 
 import pytest
 
-from conftest import require_module, require_program
-from launch import REPO
-from slurm_cluster import SlurmCluster, require_slurm
-from test_slurm import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, events, final_checkpoint,
-                        prepare_bert_data, probe_sbatch, send_usr1_to_batch_shell)
-from two_hosts import HOSTS
+from support.bert_data import prepare_bert_data
+from support.launch import REPO
+from support.needs import require_module, require_program
+from support.slurm_cluster import SlurmCluster, require_slurm
+from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, events,
+                                final_checkpoint, probe_sbatch, send_usr1_to_batch_shell)
+from support.two_hosts import HOSTS
 
 JOB_TIMEOUT = 420  # ten jobs of two ranks share this machine's cores
 # The ranks' interpreter: prints the host each rank runs on, then runs python.

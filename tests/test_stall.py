@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from launch import REPO, horovodrun
+from support.launch import REPO, horovodrun
 
 WORKER = REPO / "tests" / "workers" / "frozen_rank.py"
 

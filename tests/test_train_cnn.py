@@ -1,7 +1,6 @@
 """scripts/train_cnn.py under real launches: accuracy, np-invariance, exact resume,
 image folders of every Pillow mode, preemption signals and bad input."""
 import json
-import pickle
 import re
 import sys
 
@@ -9,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from image_data import make_image_folder
-from launch import RANK_TRACEBACK, SCRIPTS, horovodrun, launch, python
+from support.image_data import make_cifar10, make_image_folder
+from support.launch import RANK_TRACEBACK, SCRIPTS, horovodrun, launch, python
 
 SCRIPT = str(SCRIPTS / "train_cnn.py")
 
@@ -125,18 +124,6 @@ def test_image_folder_of_mixed_modes_trains_one_epoch_under_mpi(tmp_path, need_m
     assert row["images_per_sec"] > 0, row
     # 6 validation images split 3 + 3 over the ranks: accuracy is a multiple of 1/6.
     assert abs(results["val_top1"] * 6 - round(results["val_top1"] * 6)) < 1e-6
-
-
-def make_cifar10(root, images_per_batch=20):
-    """The CIFAR-10 python layout: five training batches and a test batch, pickled."""
-    rng = np.random.default_rng(0)
-    root.mkdir()
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {b"data": rng.integers(0, 256, (images_per_batch, 3072), dtype=np.uint8),
-                 b"labels": rng.integers(0, 10, images_per_batch).tolist()}
-        with open(root / name, "wb") as handle:
-            pickle.dump(batch, handle)
-    return root
 
 
 def test_cifar10_with_fp16_allreduce_accumulation_and_step_decay(tmp_path):

@@ -20,10 +20,9 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain.runtime import dist  # noqa: E402
-from hvdtrain.runtime.checkpoint import Checkpointer, RngState  # noqa: E402
-from hvdtrain.runtime.settings import Settings  # noqa: E402
+from hvdtrain.runtime import dist
+from hvdtrain.runtime.checkpoint import Checkpointer, RngState
+from hvdtrain.runtime.settings import Settings
 
 
 class Model(torch.nn.Module):

@@ -3,15 +3,12 @@
 Rank 0 then waits in an allreduce that rank 1 never joins. hvdtrain.dist.init
 starts the progress watchdog, so the job must end instead of hanging.
 """
-import sys
 import time
-from pathlib import Path
 
 import torch
 import horovod.torch as hvd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain.runtime import dist  # noqa: E402
+from hvdtrain.runtime import dist
 
 
 def main():

@@ -10,17 +10,14 @@ each an AssertionError with what it saw:
 - the final weights are finite and identical on every rank.
 Each rank then prints "rank R: skipped [3, 4]; weights finite and equal on every rank".
 """
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import horovod.torch as hvd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from hvdtrain.runtime import nonfinite
-from hvdtrain.training import optim  # noqa: E402
-from hvdtrain.runtime.run import TrainState  # noqa: E402
+from hvdtrain.training import optim
+from hvdtrain.runtime.run import TrainState
 
 STEPS = 8
 PASSES = 2

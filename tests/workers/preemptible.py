@@ -15,12 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import torch
+import horovod.torch as hvd
 
-import torch  # noqa: E402
-import horovod.torch as hvd  # noqa: E402
-
-from hvdtrain.runtime import dist, signals  # noqa: E402
+from hvdtrain.runtime import dist, signals
 
 
 def record(output_dir, rank, **event):

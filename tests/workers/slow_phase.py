@@ -9,10 +9,8 @@ watchdog must end it (the limit is really that short).
 import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain.runtime import dist  # noqa: E402
+from hvdtrain.runtime import dist
 
 
 def main():

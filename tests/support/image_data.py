@@ -1,4 +1,6 @@
-"""Small image folders (train/<class>/*, val/<class>/*) for the trainer tests."""
+"""Small image data for the trainer tests: folders (train/<class>/*, val/<class>/*), CIFAR-10 files."""
+import pickle
+
 import numpy as np
 from PIL import Image
 
@@ -25,4 +27,16 @@ def make_image_folder(root, classes=("cat", "dog", "fox"), train_per_class=4, va
                 else:
                     image = image.convert(mode)
                 image.save(folder / f"{i}{suffix}")
+    return root
+
+
+def make_cifar10(root, images_per_batch=20):
+    """The CIFAR-10 python layout: five training batches and a test batch, pickled."""
+    rng = np.random.default_rng(0)
+    root.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": rng.integers(0, 256, (images_per_batch, 3072), dtype=np.uint8),
+                 b"labels": rng.integers(0, 10, images_per_batch).tolist()}
+        with open(root / name, "wb") as handle:
+            pickle.dump(batch, handle)
     return root

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Write a large synthetic BERT shard set quickly, for measuring the training data path's memory.
 
-    python tests/tools/make_synthetic_shards.py --tokenizer data/bert128/tokenizer --shards 8000 \\
+    python tools/make_synthetic_shards.py --tokenizer data/bert128/tokenizer --shards 8000 \\
         --rows 1000 --max-seq-length 512 --output /tmp/big-shards
 
 Rows are random sentence pairs of 16 to 128 tokens drawn from a few hundred ids,
@@ -12,14 +12,12 @@ one prepare_bert_data.py writes (dynamic masking), checksums included.
 """
 import argparse
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain.data import bert_corpus as corpus  # noqa: E402
-from hvdtrain.data import bert_data  # noqa: E402
+from hvdtrain.data import bert_corpus as corpus
+from hvdtrain.data import bert_data
 
 
 def shard_arrays(rng, rows, length, ids):
@@ -61,7 +59,7 @@ def main():
         "vocab_sha256": corpus.vocab_hash(tokenizer), "vocab_size": len(tokenizer), "lowercase": True,
         "special_ids": ids.__dict__, "max_seq_length": args.max_seq_length, "max_predictions_per_seq": 0,
         "masking": "dynamic", "num_instances": args.shards * args.rows, "shards": shards,
-        "source": "tests/tools/make_synthetic_shards.py", "world_size": 1})
+        "source": "tools/make_synthetic_shards.py", "world_size": 1})
     in_memory = args.shards * args.rows * args.max_seq_length * 6 / 2**30
     print(f"wrote {args.shards} shards of {args.rows} rows to {args.output}: {in_memory:.1f} GiB as arrays")
 

@@ -6,13 +6,13 @@
 Faults are injected by the trainer itself (HVDTRAIN_FAULT, hvdtrain/faults.py):
 rank 1 SIGSTOPs or SIGKILLs its own process, deadlocks its main thread, or
 raises, right after step FAULT_STEP. Shared by tests/test_faults.py and
-tests/tools/fault_matrix.py (the README's table).
+tools/fault_matrix.py (the README's table).
 """
 import re
 import time
 from dataclasses import dataclass
 
-from launch import REPO, SCRIPTS, horovodrun, launch
+from .launch import REPO, SCRIPTS, horovodrun, launch
 
 FAULTS = ("stop", "deadlock", "kill", "raise")
 LAUNCHERS = ("horovodrun --gloo", "horovodrun --mpi", "mpirun", "srun")

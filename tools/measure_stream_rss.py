@@ -1,16 +1,13 @@
 #!/usr/bin/env python
 """Peak RSS of one rank's training data path (no model): STEPS batches of 64 as rank 0 of 2.
 
-    python tests/tools/measure_stream_rss.py DATA_DIR STEPS
+    python tools/measure_stream_rss.py DATA_DIR STEPS
 """
 import argparse
 import resource
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain.data import bert_data  # noqa: E402
+from hvdtrain.data import bert_data
 
 
 def main(directory, steps):

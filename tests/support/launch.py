@@ -9,10 +9,12 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 # horovodrun tags rank lines "[1]<stderr>:" (gloo) or "[1,1]<stderr>:" (MPI).
 RANK_TRACEBACK = re.compile(r"\[[\d,]+\]<std(?:out|err)>:\s*Traceback")
@@ -110,11 +112,15 @@ def python(script_args, timeout, env=None):
     return launch([sys.executable, *script_args], timeout, env=env)
 
 
-def the_one_error_line(run, *fragments):
-    """The job's single "SCRIPT.py: error:" line, holding every fragment; no rank traceback."""
-    assert not RANK_TRACEBACK.search(run.output), run.describe()
-    errors = [line for line in run.output.splitlines() if re.search(r"\w+\.py: error:", line)]
-    assert len(errors) == 1, run.describe()
-    for fragment in fragments:
-        assert fragment in errors[0], run.describe()
-    return errors[0]
+def wait_then(condition, action, timeout):
+    """In a thread: once ``condition()`` holds, run ``action()`` (gives up after ``timeout`` s)."""
+    def watch():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                action()
+                return
+            time.sleep(0.2)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Measure the fault matrix with the default limits and print it as a Markdown table.
 
-    .venv/bin/python tests/tools/fault_matrix.py            # every fault x launcher
-    .venv/bin/python tests/tools/fault_matrix.py --faults stop --launchers mpirun
+    .venv/bin/python tools/fault_matrix.py            # every fault x launcher
+    .venv/bin/python tools/fault_matrix.py --faults stop --launchers mpirun
 
 Rank 1 of a 2-rank train_cnn.py job (digits) is SIGSTOPped, deadlocks its main
 thread, is SIGKILLed, or raises after step 20 (HVDTRAIN_FAULT), under each
@@ -11,14 +11,11 @@ munge). Each row: seconds from the fault to the end of the job, exit status,
 and the line that names the rank and the cause.
 """
 import argparse
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import conftest  # noqa: E402,F401  (first: slurm_cluster imports it, and it imports slurm_cluster)
-from fault_cells import FAULTS, LAUNCHERS, run_cell  # noqa: E402
+from support.fault_cells import FAULTS, LAUNCHERS, run_cell
 
 
 def main():
@@ -31,7 +28,7 @@ def main():
     args = parser.parse_args()
     cluster = None
     if "srun" in args.launchers:
-        from slurm_cluster import SlurmCluster
+        from support.slurm_cluster import SlurmCluster
         cluster = SlurmCluster.start()
     root = Path(tempfile.mkdtemp(prefix="fault-matrix-"))
     cells = [(fault, launcher) for fault in args.faults for launcher in args.launchers]

@@ -17,9 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
-from conftest import require, require_program
+from .needs import require, require_program
 
 HOSTS = {"hvd-a": "10.77.0.1", "hvd-b": "10.77.0.2"}
 INTERFACE = "hvd0"  # the same name on both hosts: horovodrun --network-interface wants one
@@ -180,14 +178,3 @@ def require_two_hosts():
         require_program(program, INSTALL_HINT)
     require(Path(SSHD).exists(), f"`{SSHD}`", INSTALL_HINT)
     require(os.geteuid() == 0, "root (network namespaces need it)", "run the two-host tests as root, as CI does")
-
-
-@pytest.fixture(scope="session")
-def two_hosts():
-    """hvd-a and hvd-b, two network namespaces with sshd on hvd-b, for the session."""
-    require_two_hosts()
-    hosts = TwoHosts().start()
-    try:
-        yield hosts
-    finally:
-        hosts.stop()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Build an offline text corpus of a given size for measuring prepare_bert_data.py.
 
-    python tests/tools/make_bench_corpus.py --megabytes 200 --files 16 --output /tmp/bench-corpus
+    python tools/make_bench_corpus.py --megabytes 200 --files 16 --output /tmp/bench-corpus
 
 Text: the embedded corpus (CPython's pydoc_data.topics) plus the README, METADATA,
 *.md, *.rst and *.txt files the installed packages ship (site-packages and
@@ -14,11 +14,9 @@ import argparse
 import random
 import re
 import site
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from hvdtrain.data.bert_corpus import default_corpus_documents  # noqa: E402
+from hvdtrain.data.bert_corpus import default_corpus_documents
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
 SUFFIXES = {".md", ".rst", ".txt"}

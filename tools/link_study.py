@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Scaling across a shaped link, on two simulated hosts (the README's Performance section).
 
-    .venv/bin/python tests/link_study.py --output-dir runs/link-study     # as root
+    .venv/bin/python tools/link_study.py --output-dir runs/link-study     # as root
 
-Builds hvd-a and hvd-b (tests/two_hosts.py: two network namespaces joined by a
+Builds hvd-a and hvd-b (tests/support/two_hosts.py: two network namespaces joined by a
 veth pair, sshd on hvd-b), limits the link with tc's token-bucket filter in
 both directions, and runs ``scripts/benchmark.py train`` with one rank per host
 under ``horovodrun --mpi`` (or ``--gloo``) for each link rate, model, gradient compression and
@@ -21,10 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import conftest  # noqa: E402,F401  (first: two_hosts imports it, and it imports two_hosts)
-from launch import SCRIPTS, launch  # noqa: E402
-from two_hosts import INTERFACE, TwoHosts, require_two_hosts, sh  # noqa: E402
+from support.launch import SCRIPTS, launch
+from support.two_hosts import INTERFACE, TwoHosts, require_two_hosts, sh
 
 BENCH = SCRIPTS / "benchmark.py"
 # Sizes that take seconds per step on one CPU core.

@@ -1,0 +1,19 @@
+"""What the tests share: launching, the clusters and hosts they start, data they make, checks.
+
+    launch.py         launch a command as a user would, never hang (and wait_then)
+    checks.py         a run that succeeded; the one-line error a bad input must give
+    needs.py          require(): under CI=true a missing component fails, elsewhere it skips
+    commands.py       the scripts and the small argument sets the tests launch them with
+    image_data.py     small image folders and CIFAR-10 files
+    bert_data.py      small prepared BERT data sets
+    slurm_cluster.py  a real Slurm cluster on this machine (or on two_hosts' hosts)
+    slurm_jobs.py     the sbatch files' jobs: probes, events, requeue checks
+    two_hosts.py      two hosts on one machine: network namespaces, sshd on the second
+    fault_cells.py    the fault matrix's cells (tests/test_faults.py, tools/fault_matrix.py)
+    locks.py          run.lock files as another run would have written them
+
+Imported as ``support.<module>``: pytest.ini puts tests/ (and scripts/) on the
+path of the test process, and `make setup` adds both to the venv (a .pth file)
+for what the tests launch (tests/workers/) and for tools/. Nothing here imports
+a test module or conftest.py; the session fixtures live in tests/conftest.py.
+"""

@@ -1,0 +1,19 @@
+"""The scripts the tests launch, and the small argument sets several test modules share."""
+from .launch import SCRIPTS, python
+
+CNN = SCRIPTS / "train_cnn.py"
+QUICK_CNN = ["--model", "convnet", "--image-size", "8", "--batch-size", "16"]
+PREPARE = SCRIPTS / "prepare_bert_data.py"
+PRETRAIN = SCRIPTS / "pretrain_bert.py"
+MAKE_HOSTFILE = SCRIPTS / "make_hostfile.py"
+DISCOVER = SCRIPTS / "discover_hosts.py"
+
+# Run the host tools as if outside any batch system, whatever the test runner is in.
+NO_ALLOCATION = {name: "" for name in ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE",
+                                       "SLURM_NTASKS_PER_NODE", "PBS_NODEFILE", "LSB_HOSTS",
+                                       "LSB_MCPU_HOSTS", "HVD_DISCOVERY_HOSTFILE")}
+
+
+def make_hostfile(args, env=None):
+    """``python scripts/make_hostfile.py ARGS`` outside any allocation (``env`` added)."""
+    return python([MAKE_HOSTFILE, *args], timeout=30, env={**NO_ALLOCATION, **(env or {})})
