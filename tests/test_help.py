@@ -91,7 +91,7 @@ def test_shard_format_keeps_its_layout():
     assert re.search(r"\n      input_ids +int32", text), text
 
 
-# Options of other programs that the README names, by program; a file's options must be in that file.
+# Options of other programs that the README and docs/ name, by program; a file's options must be in that file.
 OTHER_PROGRAMS = {
     "horovodrun": {"--gloo", "--mpi", "--min-np", "--max-np", "--network-interface", "--check-build",
                    "--host-discovery-script", "--blacklist-cooldown-range",
@@ -100,6 +100,7 @@ OTHER_PROGRAMS = {
     "sbatch, srun, scancel": {"--nodes", "--ntasks-per-node", "--gpus-per-node", "--gpus-per-task",
                               "--cpus-per-task", "--signal", "--requeue", "--dependency", "--batch", "--mpi"},
     "pip, venv": {"--no-binary", "--no-deps", "--no-build-isolation", "--system-site-packages"},
+    "curl": {"--max-time"},
     "scripts/setup/setup.sh": {"--dry-run"},
     "slurm/submit_bert_phases.sh": {"--phase1", "--phase2", "--phase1-data", "--phase2-data", "--sbatch"},
     "tools/make_bench_corpus.py": {"--megabytes", "--files"},
@@ -107,17 +108,21 @@ OTHER_PROGRAMS = {
 }
 
 
-def test_every_option_the_readme_names_exists():
+DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=[str(page.relative_to(REPO)) for page in DOC_PAGES])
+def test_every_option_the_readme_names_exists(page):
     """An option renamed or removed in a script (or one that never existed, like
-    make_hostfile.py --check) fails here while the README still names it."""
-    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", (REPO / "README.md").read_text()))
+    make_hostfile.py --check) fails here while the README or a docs/ page still names it."""
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", page.read_text()))
     known = set().union(*(re.findall(r"--[a-z][a-z0-9-]*", help_text(name)) for name in SCRIPT_NAMES))
     for program, options in OTHER_PROGRAMS.items():
         if "/" in program:
             source = (REPO / program).read_text()
             assert all(option in source for option in options), program
         known |= options
-    assert not named - known, f"README.md names options no script has: {sorted(named - known)}"
+    assert not named - known, f"{page.relative_to(REPO)} names options no script has: {sorted(named - known)}"
 
 
 MEASUREMENT_TOOLS = sorted((REPO / "tools").glob("*.py"))
