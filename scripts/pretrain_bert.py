@@ -20,23 +20,21 @@ same --output-dir resumes at the same step and sample.
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
 
 import torch
 import horovod.torch as hvd
 
-from hvdtrain.data import bert_data
-from hvdtrain.models import bert as bert_models
-from hvdtrain.runtime import checkpoint, consistency, dist, elastic
 from hvdtrain import cli
-from hvdtrain.training import optim
-from hvdtrain.runtime import run as run_skeleton
+from hvdtrain.data import bert_data
+from hvdtrain.data.bert_corpus import vocab_hash
 from hvdtrain.errors import UsageError
+from hvdtrain.models import bert as bert_models
+from hvdtrain.runtime import checkpoint, consistency, dist, elastic, run as run_skeleton, signals
 from hvdtrain.runtime.metrics import SumMeter, Throughput, rate_text, total_throughput
 from hvdtrain.runtime.run import Run, TrainState
-from hvdtrain.runtime.settings import Settings
-from hvdtrain.runtime.signals import StopRequest
+from hvdtrain.training import bert
+from hvdtrain.training.bert import BertSettings
 
 
 def parse_args(argv=None):
@@ -118,7 +116,6 @@ def load_setup(args, ctx):
 
 
 def check_tokenizer(directory, metadata):
-    from hvdtrain.data.bert_corpus import vocab_hash
     from transformers import BertTokenizerFast
     path = Path(directory) / bert_data.TOKENIZER_DIR
     try:
@@ -159,21 +156,6 @@ def autocast_settings(args, ctx):
     return dtype, precision == "fp16"
 
 
-def build_optimizer(args, model):
-    groups = optim.decay_groups(model, args.weight_decay)
-    if args.optimizer == "lamb":
-        optimizer = optim.LAMB(groups, lr=args.lr, nvlamb=args.lamb_nvlamb)
-    else:
-        optimizer = torch.optim.AdamW(groups, lr=args.lr)
-    # Horovod: average gradients once per update, after all accumulated micro-batches.
-    optimizer = hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(), backward_passes_per_step=args.accumulation_steps,
-        compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none)
-    warmup = round(args.warmup_proportion * args.steps)
-    scheduler = optim.warmup_then_decay(optimizer, warmup, args.steps, decay="poly", power=args.poly_power)
-    return optimizer, scheduler
-
-
 def load_init_weights(args, model, init):
     try:
         model.load_state_dict(init["model"])
@@ -181,37 +163,6 @@ def load_init_weights(args, model, init):
         first = str(error).strip().splitlines()[1:2] or [""]
         raise UsageError(f"--init-checkpoint {args.init_checkpoint} does not fit this model: "
                          f"{first[0].strip()}") from None
-
-
-def train_step(args, ctx, data, step_in_epoch, objective, model, optimizer, scaler, amp_dtype, meter,
-               guard=None):
-    """One optimizer update over the accumulated micro-batches; returns (sequences, tokens).
-
-    ``objective(batch)`` gives ``bert_models.pretraining_sums`` (directly, or
-    through DDP in scripts/benchmark.py). ``guard``: a nonfinite.NonFiniteGuard
-    (a NaN/Inf loss skips the update on every rank, or stops the run).
-    """
-    sequences = tokens = 0
-    before = meter.state_dict()  # a skipped step adds nothing to the metrics
-    for micro in range(args.accumulation_steps):
-        batch = {k: v.to(ctx.device, non_blocking=True) for k, v in data.batch(step_in_epoch, micro).items()}
-        autocast = (torch.autocast(ctx.device.type, dtype=amp_dtype) if amp_dtype else nullcontext())
-        with autocast:
-            sums = objective(batch)
-        loss = bert_models.training_loss(sums) / args.accumulation_steps
-        if guard is not None:
-            loss = guard.watch(loss)
-        scaler.scale(loss).backward()  # Horovod: the allreduce starts after the last micro-batch
-        meter.add("mlm_loss", sums["mlm_loss"], sums["mlm_count"])
-        meter.add("mlm_accuracy", sums["mlm_correct"], sums["mlm_count"])
-        meter.add("nsp_loss", sums["nsp_loss"], sums["nsp_count"])
-        meter.add("nsp_accuracy", sums["nsp_correct"], sums["nsp_count"])
-        sequences += sums["nsp_count"]
-        tokens += int(batch["attention_mask"].sum())
-    # Horovod: the gradients are averaged here; False: skipped on every rank (a NaN/Inf loss)
-    if not optim.finish_step(optimizer, scaler, args.max_grad_norm, model.parameters(), guard):
-        meter.load_state_dict(before)
-    return sequences, tokens
 
 
 def log_row(run, meter, lr):
@@ -236,7 +187,7 @@ def results(run, tokens):
             "nsp_loss": last.get("nsp_loss"), "nsp_accuracy": last.get("nsp_accuracy"),
             "sequences_per_sec": seq_total, "sequences_per_sec_per_worker": seq_per_worker,
             "tokens_per_sec": tok_total, "tokens_per_sec_per_worker": tok_per_worker,
-            "global_batch": settings.batch_size * settings.accumulation_steps * run.ctx.size}
+            "global_batch": settings.step_batch * run.ctx.size}
 
 
 @dataclass
@@ -249,91 +200,82 @@ def resolved_settings(args, ctx, metadata, config, amp_dtype):
     architecture = {key: getattr(config, key) for key in bert_models.ARCHITECTURE_KEYS}
     precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype]
     # --elastic: the size changes while the run goes on (and between relaunches); not compared on resume.
-    return Settings({**vars(args), "precision": precision, "world_size": "elastic" if args.elastic else ctx.size,
-                     "architecture": architecture, "vocab_sha256": metadata["vocab_sha256"],
-                     "max_seq_length": metadata["max_seq_length"], "num_instances": metadata["num_instances"],
-                     "model": args.model or ("base" if args.config is None and args.init_checkpoint is None
-                                             else None)})
-
-
-@dataclass
-class Parts:
-    """What the training loop uses besides the run."""
-    metadata: dict
-    config: Any
-    init: Any
-    model: Any
-    objective: Any
-    optimizer: Any
-    scheduler: Any
-    scaler: Any
-    amp_dtype: Any
-    meter: SumMeter
+    return BertSettings.build(
+        args, precision=precision, world_size="elastic" if args.elastic else ctx.size, architecture=architecture,
+        vocab_sha256=metadata["vocab_sha256"], max_seq_length=metadata["max_seq_length"],
+        num_instances=metadata["num_instances"],
+        model=args.model or ("base" if args.config is None and args.init_checkpoint is None else None))
 
 
 def main(argv=None):
     args = parse_args(argv)
     elastic.check_launcher(args.elastic)
     dist.exit_quietly_on_interrupt()
-    stop_request = StopRequest()
+    stop_request = signals.StopRequest()
     dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
-    # Horovod: hvd.init(), device, threads
+    # Horovod: hvd.init(), this rank's device, the node's cores shared by its ranks
     ctx = dist.init(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
+    # Horovod: a check that fails on one rank stops every rank with the same one line
     agree = lambda check, *a: elastic.agree_before_start(args.elastic, check, *a)  # noqa: E731
     metadata, config, init = agree(load_setup, args, ctx)
     amp_dtype, use_scaler = agree(autocast_settings, args, ctx)
     settings = resolved_settings(args, ctx, metadata, config, amp_dtype)
     if not settings.elastic:  # a worker joining an elastic job may make no collective before its sync
-        consistency.check_ranks_agree(settings, {"shards_sha256": consistency.digest(  # same job on every rank
+        # Horovod: the same job on every rank (settings and shards), or one line naming the difference
+        consistency.check_ranks_agree(settings, {"shards_sha256": consistency.digest(
             f"{entry['file']} {entry['instances']} {entry.get('sha256', '')}" for entry in metadata["shards"])})
+
     dist.seed_everything(settings.seed)  # the same initial weights on every rank
-    model = bert_models.build_model(config).to(ctx.device)
-    encoder = torch.compile(model.bert) if settings.compile else model.bert
-    objective = bert_models.PretrainingObjective(model, encoder)
-    optimizer, scheduler = build_optimizer(settings, model)
-    scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_scaler)
+    model, objective = bert.build_model(settings, ctx, config)
+    # Horovod: gradients are averaged by allreduce once per update, after the last of its
+    # `accumulation_steps` micro-batches; fp16 compression on request.
+    optimizer = hvd.DistributedOptimizer(
+        bert.build_optimizer(settings, model), named_parameters=model.named_parameters(),
+        backward_passes_per_step=settings.accumulation_steps,
+        compression=hvd.Compression.fp16 if settings.fp16_allreduce else hvd.Compression.none)
+    trainer = bert.Trainer(model, objective, optimizer, bert.build_schedule(settings, optimizer),
+                           torch.amp.GradScaler(ctx.device.type, enabled=use_scaler), ctx.device, amp_dtype,
+                           settings.accumulation_steps, settings.max_grad_norm)
     dist.seed_everything(settings.seed + 1 + ctx.rank)  # own dropout masks per rank (a resume restores them)
     if init is not None:  # phase 2: the weights only; a resume below replaces them
         agree(load_init_weights, args, model, init)
+
     meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
-    parts = Parts(metadata, config, init, model, objective, optimizer, scheduler, scaler, amp_dtype, meter)
-    state = BertState()
-    components = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    components = trainer.components()
     world = elastic.EpochWorld() if settings.elastic else None
     if world is not None:
         components["epoch_world"] = world
-    run = Run(ctx, settings, state, components, meter, settings.steps, stop_request,
+    run = Run(ctx, settings, BertState(), components, meter, settings.steps, stop_request,
               extra={"bert_config": model.config.to_dict(), "vocab_sha256": metadata["vocab_sha256"]})
-    if settings.elastic:
-        commits = elastic.Commits(run, settings.elastic_commit_every)
-        return commits.run_elastic(lambda: train(run, parts, commits, world))
-    run.start()
-    return train(run, parts)
+    # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
+    # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
+    run.launch(lambda: train(run, trainer, meter, (metadata, config, init), world))
 
 
-def train(run, parts, commits=None, world=None):
+def train(run, trainer, meter, setup, world=None):
     """The steps left, in the current world; --elastic enters again after every reset."""
-    settings, state, ctx, metadata, config = run.settings, run.state, run.ctx, parts.metadata, parts.config
+    settings, state, ctx = run.settings, run.state, run.ctx
+    metadata, config, init = setup
     if run.resumed:
         ctx.print0(f"resumed from {settings.output_dir} at step {state.step}")
-    elif parts.init is not None:
-        ctx.print0(f"initialised from {settings.init_checkpoint} (its step {parts.init['train_state']['step']})")
+    elif init is not None:
+        ctx.print0(f"initialised from {settings.init_checkpoint} (its step {init['train_state']['step']})")
     if state.step >= settings.steps:
         return run.already_finished()
     if run.stop_after_already_reached():
         return
     if world is not None:
         world.follow(state, ctx)
+    # Horovod: rank r reads its own share of each epoch's shards
     data = bert_data.PretrainingData(settings.data, metadata, ctx.rank, ctx.size, settings.seed,
                                      settings.batch_size, settings.accumulation_steps, settings.mlm_probability,
                                      binned=not settings.no_binning,
                                      reading=lambda: ctx.watchdog.phase("reading a shard"))
     run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "
                  f"seq {metadata['max_seq_length']}, {metadata['num_instances']} instances, {ctx.size} rank(s), "
-                 f"global batch {settings.batch_size * settings.accumulation_steps * ctx.size}, "
-                 f"{settings.optimizer}, {settings.precision}")
+                 f"global batch {settings.step_batch * ctx.size}, {settings.optimizer}, {settings.precision}")
     tokens = Throughput()
-    parts.model.train()
+    trainer.model.train()
     while state.step < settings.steps:
         if state.step_in_epoch >= data.steps_in_epoch(state.epoch):
             state.next_epoch()
@@ -343,27 +285,21 @@ def train(run, parts, commits=None, world=None):
                 # A damaged shard on one rank: one line and exit 2 on every rank.
                 # Later shards are read (and checked) as the epoch goes, one ahead.
                 dist.agree_on_errors(data.start_epoch, state.epoch, state.step_in_epoch)
-        lr = parts.scheduler.get_last_lr()[0]
         first_compiled = settings.compile and not tokens.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():
-            done = train_step(settings, ctx, data, state.step_in_epoch, parts.objective, parts.model,
-                              parts.optimizer, parts.scaler, parts.amp_dtype, parts.meter, run.nonfinite)
-        parts.scheduler.step()
-        tokens.step(done[1])
-        reason = run.step_done(done[0])
+            micro_batches = (data.batch(state.step_in_epoch, micro) for micro in range(settings.accumulation_steps))
+            sequences = trainer.train_step(micro_batches, meter, run.nonfinite)
+        tokens.step(trainer.last_tokens)
+        reason = run.step_done(sequences)
         if state.step == 1 or state.step % settings.log_every == 0 or state.step == settings.steps:
-            state.last_row = log_row(run, parts.meter, lr)
+            state.last_row = log_row(run, meter, trainer.last_lr)
             if state.step == 1:
                 state.initial_mlm_loss = state.last_row["mlm_loss"]
         if reason:
             return run.stop(reason, results(run, tokens))
-        # Commit first: once a checkpoint of this step is on disk, every rank holds its commit too.
-        if commits is not None and commits.commit_due(state.step):
-            commits.commit()  # HostsUpdatedInterrupt from here when hosts were added or removed
-        if settings.checkpoint_every and state.step % settings.checkpoint_every == 0 and state.step < settings.steps:
-            run.checkpoint()
+        run.save_if_due(checkpoint_follows=state.step == settings.steps)  # the schedule's end
     run.checkpoint()
-    finish(run, tokens, parts.model, metadata)
+    finish(run, tokens, trainer.model, metadata)
 
 
 def finish(run, tokens, model, metadata):

@@ -11,28 +11,26 @@ so N workers with batch b train like one worker with batch N*b. Checkpoints hold
 everything needed to continue at the exact next batch (see --resume).
 """
 import argparse
+import itertools
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 import horovod.torch as hvd
 
-from hvdtrain.training import batchnorm, optim
 from hvdtrain import cli
-from hvdtrain.runtime import consistency, dist, elastic, signals
 from hvdtrain.data import images
-from hvdtrain.runtime import run as run_skeleton
-from hvdtrain.errors import UsageError
-from hvdtrain.runtime.metrics import SumMeter, averages, rate_text, topk_correct, total_throughput
-from hvdtrain.models import resnet
-from hvdtrain.runtime.run import Run, TrainState
 from hvdtrain.data.sampling import ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
-from hvdtrain.runtime.settings import Settings
-from hvdtrain.runtime.signals import StopRequest
+from hvdtrain.errors import UsageError
+from hvdtrain.models import resnet
+from hvdtrain.runtime import consistency, dist, elastic, run as run_skeleton, signals
+from hvdtrain.runtime.metrics import SumMeter, rate_text, total_throughput
+from hvdtrain.runtime.run import Run, TrainState
+from hvdtrain.training import batchnorm, cnn
+from hvdtrain.training.cnn import CnnSettings
+
 
 def parse_args(argv=None):
     parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -105,7 +103,7 @@ def check_args(args, ctx):
             "workers": (4 if args.dataset == "imagefolder" else 0) if args.workers is None else args.workers}
 
 
-def load_data(args, ctx):
+def load_data(args, ctx, workers):
     """(train set, val set, classes, channels); run under agree_on_errors."""
     with ctx.watchdog.phase("scanning and verifying the images"):
         data = images.load(args.dataset, args.data, args.image_size, args.seed, args.synthetic_samples,
@@ -120,8 +118,8 @@ def load_data(args, ctx):
         raise UsageError(f"not enough training samples: {len(train_set)} samples over {ctx.size} workers "
                          f"leave {shard} per worker, fewer than one batch of "
                          f"{args.batch_size * args.accumulation_steps}")
-    if args.workers > shard:
-        raise UsageError(f"--workers {args.workers}: more DataLoader workers than the {shard} "
+    if workers > shard:
+        raise UsageError(f"--workers {workers}: more DataLoader workers than the {shard} "
                          f"training samples each rank loads")
     return data
 
@@ -136,191 +134,125 @@ def data_facts(args, train_set, val_set):
 
 
 @dataclass
-class Trainer:
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    scaler: object
-    criterion: nn.Module
-    device: torch.device
-    amp: bool
-    channels_last: bool
-    passes: int  # backward passes per optimizer step
-    adasum: bool
-    last_lr: float = 0.0  # the LR of the latest step
-
-    def to_device(self, images_batch, targets):
-        layout = torch.channels_last if self.channels_last else torch.preserve_format
-        return (images_batch.to(self.device, non_blocking=True, memory_format=layout),
-                targets.to(self.device, non_blocking=True))
-
-    def autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp)
-
-    def train_step(self, images_batch, targets, meter, guard=None):
-        """One optimizer step; ``guard``: a nonfinite.NonFiniteGuard (skips or stops on NaN/Inf)."""
-        images_batch, targets = self.to_device(images_batch, targets)
-        before = meter.state_dict()  # a skipped step adds nothing to the metrics
-        # tensor_split: always `passes` pieces, also of an --elastic step's uneven batch.
-        for x, y in zip(images_batch.tensor_split(self.passes), targets.tensor_split(self.passes)):
-            with self.autocast():
-                logits = self.model(x)
-                loss = self.criterion(logits, y)
-            if guard is not None:
-                loss = guard.watch(loss)
-            # Horovod: gradients of `passes` backward calls add up locally, then
-            # one allreduce averages them; dividing keeps the loss a mean.
-            self.scaler.scale(loss / self.passes).backward()
-            meter.add("train_loss", loss.detach().float() * len(y), len(y))
-            meter.add("train_top1", topk_correct(logits, y, (1,))[0], len(y))
-        self.last_lr = self.optimizer.param_groups[0]["lr"]
-        if self.adasum:
-            # Horovod: Adasum already stepped locally during backward; step()
-            # combines the ranks' weight deltas.
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-            if guard is not None:
-                guard.skip_step(can_skip=False)  # too late to skip: a non-finite loss stops the run
-        # Horovod: the allreduce finishes here; False: skipped on every rank (a NaN/Inf loss)
-        elif not optim.finish_step(self.optimizer, self.scaler, guard=guard):
-            meter.load_state_dict(before)
-        self.scheduler.step()  # a skipped step moves the schedule on too, as GradScaler's do
-
-    @torch.no_grad()
-    def evaluate(self, loader):
-        """Loss, top-1, top-5 over every validation sample exactly once."""
-        self.model.eval()
-        meter = SumMeter("val_loss", "val_top1", "val_top5")
-        for images_batch, targets in loader:
-            images_batch, targets = self.to_device(images_batch, targets)
-            with self.autocast():
-                logits = self.model(images_batch)
-            top1, top5 = topk_correct(logits, targets, (1, 5))
-            meter.add("val_loss", F.cross_entropy(logits.float(), targets, reduction="sum"), len(targets))
-            meter.add("val_top1", top1, len(targets))
-            meter.add("val_top5", top5, len(targets))
-        self.model.train()
-        return meter.reduce("val")
-
-
-def build_trainer(settings, ctx, num_classes, channels, steps_per_epoch):
-    model = resnet.build(settings.model, num_classes, channels)
-    if settings.sync_bn:
-        model = dist.to_sync_batchnorm(model)  # Horovod: statistics over the global batch
-    layout = torch.channels_last if settings.channels_last else torch.preserve_format
-    model = model.to(ctx.device, memory_format=layout)
-    optimizer = torch.optim.SGD(optim.decay_groups(model, settings.weight_decay), lr=settings.scaled_lr,
-                                momentum=settings.momentum,
-                                nesterov=settings.nesterov and settings.momentum > 0)
-    # Horovod: allreduce gradients during backward, every `passes` backward calls.
-    passes = settings.accumulation_steps
-    optimizer = hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(),
-        compression=hvd.Compression.fp16 if settings.fp16_allreduce else hvd.Compression.none,
-        backward_passes_per_step=passes, op=hvd.Adasum if settings.use_adasum else hvd.Average,
-        gradient_predivide_factor=settings.gradient_predivide_factor)
-    scheduler = optim.warmup_then_decay(
-        optimizer, round(settings.warmup_epochs * steps_per_epoch), settings.epochs * steps_per_epoch,
-        decay=settings.lr_decay, milestones=[round(m * steps_per_epoch) for m in settings.lr_milestones],
-        gamma=settings.lr_gamma)
-    scaler = torch.amp.GradScaler(ctx.device.type, enabled=settings.amp)
-    criterion = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
-    return Trainer(model, optimizer, scheduler, scaler, criterion, ctx.device, settings.amp,
-                   settings.channels_last, passes, settings.use_adasum)
-
-
-def used_lr(args, ctx):
-    """Horovod: the global batch grows with the workers, so does the LR (Goyal et al.).
-
-    Adasum adapts to the gradients itself; as in Horovod's ImageNet example it
-    scales by the local GPUs only, where NCCL sums them before Adasum runs.
-    """
-    passes = args.accumulation_steps
-    if not args.use_adasum:
-        return args.lr * ctx.size * passes
-    local = ctx.local_size if ctx.device.type == "cuda" and hvd.nccl_built() else 1
-    return args.lr * passes * local
-
-
-@dataclass
 class CnnState(TrainState):
     best_top1: float = 0.0
 
 
-@dataclass
-class ElasticPosition:
-    """--elastic: where the epoch stands in samples (valid at any world size) and its metric totals.
+def main():
+    args = parse_args()
+    dist.exit_quietly_on_interrupt()
+    stop_request = signals.StopRequest()
+    dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
+    # Horovod: hvd.init(), this rank's device, the node's cores shared by its ranks
+    ctx = dist.init(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
+    # Horovod: a check that fails on one rank stops every rank with the same one line
+    agree = lambda check, *a: elastic.agree_before_start(args.elastic, check, *a)  # noqa: E731
+    resolved = agree(check_args, args, ctx)
+    dist.seed_everything(args.seed)
+    train_set, val_set, num_classes, channels = agree(load_data, args, ctx, resolved["workers"])
+    # Horovod: the global batch grows with the workers, so does the LR (cnn.used_lr)
+    settings = CnnSettings.build(args, **resolved, world_size="elastic" if args.elastic else ctx.size,
+                                 scaled_lr=cnn.used_lr(args, ctx), train_samples=len(train_set),
+                                 num_classes=num_classes)
+    if not settings.elastic:  # a worker joining an elastic job may make no collective before its sync
+        # Horovod: the same job on every rank (settings and data), or one line naming the difference
+        consistency.check_ranks_agree(settings, data_facts(settings, train_set, val_set))
 
-    A checkpoint component. The ranks' metric sums are folded in at every
-    commit, so a lost worker takes none of the committed steps' counts with
-    it: the epoch's row covers every sample once (``train_samples``).
-    """
-    samples: int = 0  # of the epoch's order, trained and committed
-    totals: dict = field(default_factory=dict)  # name -> [sum, count] over every rank
+    steps_per_epoch = len(train_set) // (ctx.size * settings.step_batch)
+    model = cnn.build_model(settings, ctx, num_classes, channels)
+    # Horovod: gradients are averaged by allreduce during backward, every `accumulation_steps`
+    # backward passes (or combined by Adasum); fp16 compression on request.
+    optimizer = hvd.DistributedOptimizer(
+        cnn.build_optimizer(settings, model), named_parameters=model.named_parameters(),
+        compression=hvd.Compression.fp16 if settings.fp16_allreduce else hvd.Compression.none,
+        backward_passes_per_step=settings.accumulation_steps, op=hvd.Adasum if settings.use_adasum else hvd.Average,
+        gradient_predivide_factor=settings.gradient_predivide_factor)
+    # --elastic: the LR schedule counts samples, whose number per epoch no world size changes.
+    scheduler = cnn.build_schedule(settings, optimizer, len(train_set) if settings.elastic else steps_per_epoch)
+    trainer = cnn.Trainer(model, optimizer, scheduler, torch.amp.GradScaler(ctx.device.type, enabled=settings.amp),
+                          torch.nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing), ctx.device,
+                          settings.amp, settings.channels_last, settings.accumulation_steps, settings.use_adasum)
 
-    def state_dict(self):
-        return asdict(self)
-
-    def load_state_dict(self, state):
-        self.samples, self.totals = state["samples"], {k: list(v) for k, v in state["totals"].items()}
-
-    def fold(self, meter):
-        """Add every rank's partial sums to the totals; collective."""
-        for name, (total, count) in meter.reduce_totals("train").items():
-            kept = self.totals.setdefault(name, [0.0, 0.0])
-            kept[0], kept[1] = kept[0] + total, kept[1] + count
-        meter.reset()
-
-    def epoch_metrics(self, meter, world_size):
-        self.fold(meter)
-        return {**averages(self.totals), "train_samples": int(self.totals["train_top1"][1]),
-                "world_size": world_size}
-
-    def next_epoch(self):
-        self.samples, self.totals = 0, {}
+    meter = SumMeter("train_loss", "train_top1")
+    components = trainer.components()
+    position = elastic.ElasticPosition() if settings.elastic else None
+    if position is not None:
+        components["elastic_position"] = position
+    run = Run(ctx, settings, CnnState(), components, meter, settings.epochs * steps_per_epoch, stop_request,
+              per_rank={"batchnorm": batchnorm.OwnStatistics(trainer.model)},
+              shared_view=lambda: batchnorm.averaged(trainer.model),
+              before_save=(lambda: position.fold(meter)) if position else None)
+    # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
+    # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
+    run.launch(lambda: train(run, trainer, (train_set, val_set), meter, position))
 
 
-def train_epoch_elastic(run, trainer, train_data, meter, commits, position):
-    """--elastic: train_epoch from the global sample position at the current world size, with commits."""
-    settings, state = run.settings, run.state
-    train_set, sampler, loader = train_data
-    train_set.set_epoch(state.epoch)
-    sampler.set_epoch(state.epoch, position.samples)
-    peak_lr = used_lr(settings, run.ctx)  # for the current world size
-    with run.ctx.watchdog.phase("starting the data loader"):
-        batches = iter(loader)
-    for (_, stop), (images_batch, targets) in zip(sampler.steps, batches):
-        elastic.follow_schedule(trainer.scheduler, state.epoch * len(train_set) + position.samples, peak_lr)
-        trainer.train_step(images_batch, targets, meter, run.nonfinite)
-        position.samples = stop
-        reason = run.step_done(len(targets))
+def train(run, trainer, datasets, meter, position=None):
+    """The epochs left, in the current world; --elastic enters again after every reset."""
+    settings, state, ctx = run.settings, run.state, run.ctx
+    if state.epoch >= settings.epochs:
+        return run.already_finished()
+    if run.stop_after_already_reached():
+        return
+    train_set, val_set = datasets
+    sampler, train_loader, val_loader = make_loaders(settings, ctx, train_set, val_set)
+    global_batch = ctx.size * settings.step_batch
+    if position is not None:  # the steps left at this world size
+        left = (settings.epochs - state.epoch) * len(train_set) - position.samples
+        run.log.retarget(state.step + left // global_batch)
+    where = (f"epoch {state.epoch} sample {position.samples}" if position else
+             f"epoch {state.epoch} batch {state.step_in_epoch}")
+    run.log.info(f"{settings.model} on {settings.dataset}: {len(train_set)} train / {len(val_set)} val images, "
+                 f"{settings.num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
+                 f"{settings.step_batch} = global batch {global_batch}; lr {cnn.used_lr(settings, ctx):g}; "
+                 f"{len(train_set) // global_batch} steps/epoch; device {ctx.device.type}, "
+                 f"amp {'on' if settings.amp else 'off'}"
+                 + (f"; resuming at {where} (step {state.step})" if state.step else ""))
+    started = time.perf_counter()
+    while state.epoch < settings.epochs:
+        run.throughput.start_window()
+        reason = train_epoch(run, trainer, (train_set, sampler, train_loader), meter, position)
+        if position is None:
+            finished_epoch = state.step_in_epoch == sampler.batches_per_epoch
+        else:
+            sampler.set_epoch(state.epoch, position.samples)
+            finished_epoch = len(sampler) == 0
+        if finished_epoch:
+            end_epoch(run, trainer, val_loader, meter, position)
         if reason:
-            return reason
-        # Commit first: once a checkpoint of this step is on disk, every rank holds its commit too.
-        if commits.commit_due(state.step):
-            commits.commit()  # HostsUpdatedInterrupt from here when hosts were added or removed
-        if settings.checkpoint_every and state.step % settings.checkpoint_every == 0 and stop < len(train_set):
-            position.fold(meter)
-            run.checkpoint()
-    return None
+            return run.stop(reason, results(run, time.perf_counter() - started), checkpoint=not finished_epoch)
+    path = run.write_results({**results(run, time.perf_counter() - started), "completed": True})
+    row = state.last_row
+    run.log.info(f"val_top1 {row['val_top1']:.4f} val_top5 {row['val_top5']:.4f} "
+                 f"{rate_text(run.rates()[0], 'images')}; results in {path}")
+    run.log.close()
 
 
-def train_epoch(run, trainer, train_data, meter):
-    """Train the rest of the current epoch; returns why this launch must stop, or None."""
+def train_epoch(run, trainer, train_data, meter, position=None):
+    """Train the rest of the current epoch; returns why this launch must stop, or None.
+
+    --elastic (``position``): the epoch goes on from its global sample position
+    at the current world size, and the LR follows the samples trained.
+    """
     settings, state = run.settings, run.state
     train_set, sampler, loader = train_data
     train_set.set_epoch(state.epoch)  # the augmentation key; workers copy it at iter()
-    sampler.set_epoch(state.epoch, state.step_in_epoch)
+    sampler.set_epoch(state.epoch, position.samples if position else state.step_in_epoch)
     with run.ctx.watchdog.phase("starting the data loader"):  # worker processes import torch
         batches = iter(loader)
-    for images_batch, targets in batches:
-        trainer.train_step(images_batch, targets, meter, run.nonfinite)
-        reason = run.step_done(len(targets))
+    step_bounds = sampler.steps if position else itertools.repeat(None)  # --elastic: (start, stop) samples
+    peak_lr = cnn.used_lr(settings, run.ctx)  # for the current world size
+    for bounds, batch in zip(step_bounds, batches):
+        if position:
+            elastic.follow_schedule(trainer.scheduler, state.epoch * len(train_set) + position.samples, peak_lr)
+        samples = trainer.train_step(batch, meter, run.nonfinite)
+        if position:
+            position.samples = bounds[1]
+        reason = run.step_done(samples)
         if reason:
             return reason
-        if (settings.checkpoint_every and state.step % settings.checkpoint_every == 0
-                and state.step_in_epoch < sampler.batches_per_epoch):
-            run.checkpoint()
+        run.save_if_due(checkpoint_follows=position.samples == len(train_set) if position
+                        else state.step_in_epoch == sampler.batches_per_epoch)  # the epoch's end
     return None
 
 
@@ -329,6 +261,7 @@ def end_epoch(run, trainer, val_loader, meter, position=None):
     state = run.state
     total_rate, per_worker = total_throughput(run.throughput.window_rate())
     batchnorm.average_statistics(trainer.model)  # what is evaluated is what is saved
+    # Horovod: metrics are allreduced sums and counts, exact over every rank's samples
     train_metrics = meter.reduce("train") if position is None else position.epoch_metrics(meter, run.ctx.size)
     with run.ctx.watchdog.phase("evaluating"):  # a long validation set is no hang
         evaluation = trainer.evaluate(val_loader)
@@ -345,6 +278,23 @@ def end_epoch(run, trainer, val_loader, meter, position=None):
     run.log.record(row, state.step)  # before the checkpoint: a crash in between repeats the row once
     run.checkpoint(is_best)
     run.log.info(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    run.commit()  # --elastic: an epoch's end is a commit too
+
+
+def make_loaders(settings, ctx, train_set, val_set):
+    """(sampler, train loader, val loader) for this rank in the current world."""
+    # Horovod: rank r trains its own shard of each epoch's order, validates its own share.
+    if settings.elastic:
+        sampler = ElasticBatchSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed,
+                                      min_share=settings.accumulation_steps)
+    else:
+        sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed)
+    cuda = ctx.device.type == "cuda"
+    train_loader = make_loader(train_set, sampler, None if settings.elastic else settings.step_batch,
+                               settings.workers, cuda)
+    val_loader = make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
+                             2 * settings.batch_size, settings.workers, cuda)
+    return sampler, train_loader, val_loader
 
 
 def make_loader(dataset, sampler, batch_size, workers, pin_memory):
@@ -358,117 +308,16 @@ def make_loader(dataset, sampler, batch_size, workers, pin_memory):
                       pin_memory=pin_memory, drop_last=False, **extra)
 
 
-def main():
-    args = parse_args()
-    dist.exit_quietly_on_interrupt()
-    stop_request = StopRequest()
-    dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
-    # Horovod: hvd.init() and device
-    ctx = dist.init(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
-    agree = lambda check, *a: elastic.agree_before_start(args.elastic, check, *a)  # noqa: E731
-    vars(args).update(agree(check_args, args, ctx))
-    dist.seed_everything(args.seed)
-    train_set, val_set, num_classes, channels = agree(load_data, args, ctx)
-    # --elastic: the size changes while the run goes on (and between relaunches); not compared on resume.
-    settings = Settings({**vars(args), "world_size": "elastic" if args.elastic else ctx.size,
-                         "scaled_lr": used_lr(args, ctx), "train_samples": len(train_set),
-                         "num_classes": num_classes})
-    if not settings.elastic:  # a worker joining an elastic job may make no collective before its sync
-        consistency.check_ranks_agree(settings, data_facts(args, train_set, val_set))  # same job on every rank
-    step_batch = settings.batch_size * settings.accumulation_steps
-    steps_per_epoch = len(train_set) // (ctx.size * step_batch)
-    # --elastic: the LR schedule counts samples, whose number per epoch no world size changes.
-    trainer = build_trainer(settings, ctx, num_classes, channels,
-                            len(train_set) if settings.elastic else steps_per_epoch)
-    meter = SumMeter("train_loss", "train_top1")
-    state = CnnState()
-    components = {"model": trainer.model, "optimizer": trainer.optimizer, "scheduler": trainer.scheduler,
-                  "scaler": trainer.scaler}
-    position = ElasticPosition() if settings.elastic else None
-    if position is not None:
-        components["elastic_position"] = position
-    run = Run(ctx, settings, state, components, meter, settings.epochs * steps_per_epoch, stop_request,
-              per_rank={"batchnorm": batchnorm.OwnStatistics(trainer.model)},
-              shared_view=lambda: batchnorm.averaged(trainer.model))
-    if settings.elastic:
-        commits = elastic.Commits(run, settings.elastic_commit_every, before_commit=lambda: position.fold(meter))
-        return commits.run_elastic(lambda: train(run, trainer, (train_set, val_set), meter, commits, position))
-    run.start()
-    return train(run, trainer, (train_set, val_set), meter)
-
-
-def make_loaders(settings, ctx, train_set, val_set):
-    """(sampler, train loader, val loader) for this rank in the current world."""
-    step_batch = settings.batch_size * settings.accumulation_steps
-    if settings.elastic:
-        sampler = ElasticBatchSampler(len(train_set), ctx.rank, ctx.size, step_batch, settings.seed,
-                                      min_share=settings.accumulation_steps)
-    else:
-        sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, step_batch, settings.seed)
-    cuda = ctx.device.type == "cuda"
-    train_loader = make_loader(train_set, sampler, None if settings.elastic else step_batch, settings.workers, cuda)
-    val_loader = make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
-                             2 * settings.batch_size, settings.workers, cuda)
-    return sampler, train_loader, val_loader
-
-
-def train(run, trainer, datasets, meter, commits=None, position=None):
-    """The epochs left, in the current world; --elastic enters again after every reset."""
-    settings, state, ctx = run.settings, run.state, run.ctx
-    if state.epoch >= settings.epochs:
-        return run.already_finished()
-    if run.stop_after_already_reached():
-        return
-    train_set, val_set = datasets
-    sampler, train_loader, val_loader = make_loaders(settings, ctx, train_set, val_set)
-    step_batch = settings.batch_size * settings.accumulation_steps
-    if position is not None:  # the steps left at this world size
-        left = (settings.epochs - state.epoch) * len(train_set) - position.samples
-        run.log.retarget(state.step + left // (ctx.size * step_batch))
-    where = (f"epoch {state.epoch} sample {position.samples}" if position else
-             f"epoch {state.epoch} batch {state.step_in_epoch}")
-    run.log.info(f"{settings.model} on {settings.dataset}: {len(train_set)} train / {len(val_set)} val images, "
-                 f"{settings.num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
-                 f"{step_batch} = global batch {ctx.size * step_batch}; lr {used_lr(settings, ctx):g}; "
-                 f"{len(train_set) // (ctx.size * step_batch)} steps/epoch; device {ctx.device.type}, "
-                 f"amp {'on' if settings.amp else 'off'}"
-                 + (f"; resuming at {where} (step {state.step})" if state.step else ""))
-    started = time.perf_counter()
-    while state.epoch < settings.epochs:
-        run.throughput.start_window()
-        if commits is None:
-            reason = train_epoch(run, trainer, (train_set, sampler, train_loader), meter)
-            finished_epoch = state.step_in_epoch == sampler.batches_per_epoch
-        else:
-            reason = train_epoch_elastic(run, trainer, (train_set, sampler, train_loader), meter, commits, position)
-            sampler.set_epoch(state.epoch, position.samples)
-            finished_epoch = len(sampler) == 0
-            if reason:
-                position.fold(meter)  # run.stop checkpoints: the totals, not per-rank sums
-        if finished_epoch:
-            end_epoch(run, trainer, val_loader, meter, position)
-            if commits is not None:
-                commits.commit()
-        if reason:
-            return run.stop(reason, results(run, time.perf_counter() - started), checkpoint=not finished_epoch)
-    path = run.write_results({**results(run, time.perf_counter() - started), "completed": True})
-    row = state.last_row
-    run.log.info(f"val_top1 {row['val_top1']:.4f} val_top5 {row['val_top5']:.4f} "
-                 f"{rate_text(run.rates()[0], 'images')}; results in {path}")
-    run.log.close()
-
-
 def results(run, seconds):
     """results.json: the saved model's latest metrics, this launch's throughput."""
     settings, state, row = run.settings, run.state, run.state.last_row
     total_rate, per_worker = run.rates()
-    step_batch = settings.batch_size * settings.accumulation_steps
     summary = {key: row.get(key) for key in ("val_top1", "val_top5", "val_loss", "train_loss", "train_top1")}
     summary.update(images_per_sec=total_rate or row.get("images_per_sec", 0.0),
                    images_per_sec_per_worker=per_worker or row.get("images_per_sec_per_worker", 0.0),
                    world_size=run.ctx.size, epochs=row.get("epoch", 0), steps=state.step, model=settings.model,
                    dataset=settings.dataset, batch_size=settings.batch_size,
-                   global_batch_size=run.ctx.size * step_batch, lr=settings.scaled_lr,
+                   global_batch_size=run.ctx.size * settings.step_batch, lr=settings.scaled_lr,
                    best_val_top1=state.best_top1, seconds=seconds)
     return summary
 

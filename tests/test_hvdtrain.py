@@ -1,7 +1,9 @@
 """Unit tests of the shared package (single process; Horovod with size 1)."""
 import math
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -62,7 +64,18 @@ def test_pruning_keeps_the_checkpoint_just_written(tmp_path):
 def test_settings_are_frozen_and_the_resume_contract_sorts_every_change():
     from hvdtrain.runtime.settings import Settings, check_resume, resume_differences
     from hvdtrain.errors import UsageError
-    settings = Settings({"lr": 0.1, "epochs": 4, "threads": 2, "output_dir": Path("/tmp/out")})
+
+    @dataclass(frozen=True)
+    class Small(Settings):
+        lr: float
+        epochs: int
+        threads: int
+        output_dir: str
+
+    settings = Small.build(SimpleNamespace(lr=0.1, epochs=4, threads=2), output_dir=Path("/tmp/out"))
+    assert dict(settings)["output_dir"] == "/tmp/out"  # plain values, as a checkpoint holds them
+    with pytest.raises(TypeError, match="fields without a value: .'threads'"):
+        Small.build(SimpleNamespace(lr=0.1, epochs=4), output_dir="/tmp/out")  # a flag with no field fails early
     with pytest.raises(AttributeError):
         settings.lr = 0.2
     refused, adjusted = resume_differences({"lr": 0.2, "epochs": 2, "threads": 8, "output_dir": "/x"}, settings)

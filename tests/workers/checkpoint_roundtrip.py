@@ -69,7 +69,7 @@ def main():
                                 "counter": Counter(100 + ctx.rank if saving else -1)}, keep=2)
     checkpointer.shared["counter"] = counter
     if saving:
-        checkpointer.save(step=5, settings=Settings({"elements": args.elements}))
+        checkpointer.save(step=5, settings={"elements": args.elements})
         print(f"rank {ctx.rank}: saved", flush=True)
         return
 

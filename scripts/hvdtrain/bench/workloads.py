@@ -1,18 +1,17 @@
 """The training steps benchmark.py times: the trainers' own, on synthetic data.
 
 ``build(args, backend)`` returns a workload whose ``step()`` runs one optimizer
-step of train_cnn.py (``Trainer.train_step``) or pretrain_bert.py
-(``train_step``) and returns its loss; ``samples`` and ``unit`` say what a step
+step of train_cnn.py or pretrain_bert.py (``training.cnn.Trainer.train_step``,
+``training.bert.Trainer.train_step``) and returns its loss; ``samples`` and ``unit`` say what a step
 processes. The backend (bench.HorovodBackend, DdpBackend, SingleBackend) wraps
 the model and optimizer, so one workload runs under all three.
 """
-from types import SimpleNamespace
-
 import torch
 import torch.nn as nn
 
 from hvdtrain.models import bert as bert_models
-from hvdtrain.training import optim
+from hvdtrain.training import cnn, optim
+from hvdtrain.training import bert as bert_training
 from hvdtrain.runtime.metrics import SumMeter
 from hvdtrain.models import resnet
 
@@ -30,7 +29,6 @@ class CnnWorkload:
     """A ResNet step of train_cnn.py on a fixed synthetic batch per rank."""
 
     def __init__(self, args, backend):
-        from train_cnn import Trainer  # the trainer's own step, not a copy
         size, classes = CNN_MODELS[args.model]
         size = args.image_size or size
         model = resnet.build(args.model, classes).to(backend.device)
@@ -41,8 +39,8 @@ class CnnWorkload:
         amp = args.amp and backend.device.type == "cuda"
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         scaler = torch.amp.GradScaler(backend.device.type, enabled=amp)
-        self.trainer = Trainer(module, optimizer, scheduler, scaler, nn.CrossEntropyLoss(), backend.device, amp,
-                               args.channels_last, args.accumulation_steps, adasum=False)
+        self.trainer = cnn.Trainer(module, optimizer, scheduler, scaler, nn.CrossEntropyLoss(), backend.device,
+                                   amp, args.channels_last, args.accumulation_steps, adasum=False)
         generator = torch.Generator().manual_seed(args.seed * 1000 + backend.rank)
         samples = args.batch_size * args.accumulation_steps
         self.images = torch.randn(samples, 3, size, size, generator=generator)
@@ -51,7 +49,7 @@ class CnnWorkload:
 
     def step(self):
         meter = SumMeter("train_loss", "train_top1")
-        self.trainer.train_step(self.images, self.targets, meter)
+        self.trainer.train_step((self.images, self.targets), meter)
         return meter.sums["train_loss"] / meter.counts["train_loss"]
 
 
@@ -59,26 +57,22 @@ class BertWorkload:
     """A BERT pretraining step of pretrain_bert.py on synthetic masked sequences."""
 
     def __init__(self, args, backend):
-        from pretrain_bert import train_step  # the trainer's own step, not a copy
-        self.train_step = train_step
         config = bert_models.preset_config(BERT_MODELS[args.model], args.vocab_size)
         model = bert_models.build_model(config).to(backend.device)
         optimizer = optim.LAMB(optim.decay_groups(model, 0.01), lr=1e-3)
         objective, optimizer = backend.wrap(bert_models.PretrainingObjective(model),
                                             list(model.named_parameters()), optimizer)
         amp = args.amp and backend.device.type == "cuda"
-        self.parts = (objective, model, optimizer, torch.amp.GradScaler(backend.device.type, enabled=False),
-                      torch.bfloat16 if amp else None)
-        self.settings = SimpleNamespace(accumulation_steps=args.accumulation_steps, max_grad_norm=1.0)
-        self.context = SimpleNamespace(device=backend.device)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        self.trainer = bert_training.Trainer(
+            model, objective, optimizer, scheduler, torch.amp.GradScaler(backend.device.type, enabled=False),
+            backend.device, torch.bfloat16 if amp else None, args.accumulation_steps, max_grad_norm=1.0)
         self.data = SyntheticSequences(args, backend.rank)
         self.samples, self.unit = args.batch_size * args.accumulation_steps, "sequences"
 
     def step(self):
         meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
-        objective, model, optimizer, scaler, amp_dtype = self.parts
-        self.train_step(self.settings, self.context, self.data, 0, objective, model, optimizer, scaler,
-                        amp_dtype, meter)
+        self.trainer.train_step([self.data.batch(0, micro) for micro in range(self.trainer.passes)], meter)
         return meter.sums["mlm_loss"] / max(1, meter.counts["mlm_loss"])
 
 

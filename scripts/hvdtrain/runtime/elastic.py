@@ -20,6 +20,7 @@ checkpoint from disk happens inside the elastic function, once per job.
 import contextlib
 import copy
 import os
+from dataclasses import asdict, dataclass, field
 
 import horovod.torch as hvd
 from horovod.common.elastic import State
@@ -29,7 +30,7 @@ from hvdtrain import cli
 from hvdtrain.runtime import dist
 from hvdtrain.runtime.checkpoint import broadcast_state
 from hvdtrain.errors import UsageError
-from hvdtrain.runtime.runlog import RunLog, drop_rows_after
+from hvdtrain.runtime.metrics import averages
 
 ELASTIC_ENV = "HOROVOD_ELASTIC"  # set by horovodrun for --min-np/--max-np/--host-discovery-script jobs
 
@@ -67,7 +68,8 @@ class Commits(State):
 
     ``save``: copies of every component's state_dict (commit); ``restore``: load
     them back (a worker was lost mid-step); ``sync``: rank 0's shared components
-    to every rank, then the world (rank, size, log) follows the new size.
+    to every rank, then the run follows the new world (``Run.follow_world``).
+    ``Run.launch`` makes one; ``Run.save_if_due`` commits.
     """
 
     def __init__(self, run, commit_every, before_commit=None):
@@ -123,29 +125,13 @@ class Commits(State):
                     part.load_state_dict(received[name])
             self.started = received["started"]
         self._reset_phase.close()
-        self._follow_world()
+        self.run.follow_world(self.started)
         self.save()
 
     def _enter_reset_phase(self):
         # Shutting Horovod down and waiting for the new world can take a while: not a stall.
         self._reset_phase.close()
         self._reset_phase.enter_context(self.run.ctx.watchdog.phase("an elastic reset"))
-
-    def _follow_world(self):
-        """The context and the log follow this worker's rank in the new world."""
-        ctx, run = self.run.ctx, self.run
-        ctx.rank, ctx.size, ctx.local_rank, ctx.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
-        ctx.watchdog.rank = ctx.rank
-        if not self.started:
-            return
-        if run.log is None or run.log.enabled != ctx.is_main:
-            if run.log is not None:
-                run.log.close()
-            # A new rank 0 (or a worker that joined) writes the log from the committed step on.
-            run.log = RunLog(ctx, run.settings.output_dir, run.total_steps, resumed_step=run.state.step)
-        elif ctx.is_main:
-            # Rows of steps after the commit are written again when those steps are redone.
-            drop_rows_after(run.log.metrics_path, run.state.step)
 
     def commit_due(self, step):
         return step % self.commit_every == 0
@@ -213,3 +199,36 @@ class EpochWorld:
                        f"step {state.step_in_epoch} of it; the next starts at the new size")
             state.next_epoch()
         self.size = ctx.size
+
+
+@dataclass
+class ElasticPosition:
+    """--elastic: where the epoch stands in samples (valid at any world size) and its metric totals.
+
+    A checkpoint component. The ranks' metric sums are folded in at every
+    commit, so a lost worker takes none of the committed steps' counts with
+    it: the epoch's row covers every sample once (``train_samples``).
+    """
+    samples: int = 0  # of the epoch's order, trained and committed
+    totals: dict = field(default_factory=dict)  # name -> [sum, count] over every rank
+
+    def state_dict(self):
+        return asdict(self)
+
+    def load_state_dict(self, state):
+        self.samples, self.totals = state["samples"], {k: list(v) for k, v in state["totals"].items()}
+
+    def fold(self, meter):
+        """Add every rank's partial sums to the totals; collective."""
+        for name, (total, count) in meter.reduce_totals("train").items():
+            kept = self.totals.setdefault(name, [0.0, 0.0])
+            kept[0], kept[1] = kept[0] + total, kept[1] + count
+        meter.reset()
+
+    def epoch_metrics(self, meter, world_size):
+        self.fold(meter)
+        return {**averages(self.totals), "train_samples": int(self.totals["train_top1"][1]),
+                "world_size": world_size}
+
+    def next_epoch(self):
+        self.samples, self.totals = 0, {}

@@ -1,15 +1,19 @@
 """The run skeleton both trainers share.
 
     run = Run(ctx, settings, state, components, meter, total_steps, stop_request)
-    run.start()                       # restore (or start over), open the log
-    while ...:
-        train one step
-        reason = run.step_done(samples)   # counters, watchdog, stop checks
-        if reason: run.stop(reason); return
-    run.checkpoint()
+    run.launch(train)                 # restore (or start over), open the log, train()
+
+    def train():                      # called again after every --elastic reset
+        while ...:
+            train one step
+            reason = run.step_done(samples)   # counters, watchdog, stop checks
+            if reason: run.stop(reason); return
+            run.save_if_due(checkpoint_follows)  # elastic commit, checkpoint every N steps
+        run.checkpoint()
 
 What it owns, once for both: the shared command-line flags, the train state
-(position and counters), checkpoints with the resume contract, stop requests
+(position and counters), checkpoints with the resume contract and their
+cadence, the --elastic commits and the world after a reset, stop requests
 (which signal reached which rank), the run log and throughput.
 """
 import argparse
@@ -22,11 +26,11 @@ from pathlib import Path
 import horovod.torch as hvd
 
 from hvdtrain import cli, errors
-from hvdtrain.runtime import dist, faults, nonfinite, settings as settings_module
+from hvdtrain.runtime import dist, elastic, faults, nonfinite, settings as settings_module
 from hvdtrain.runtime.checkpoint import Checkpointer, RngState, clear_run_outputs
 from hvdtrain.runtime.metrics import Throughput, total_throughput
 from hvdtrain.runtime.outdir_lock import OutputDirLock
-from hvdtrain.runtime.runlog import RunLog
+from hvdtrain.runtime.runlog import RunLog, drop_rows_after
 
 
 def add_run_arguments(parser, output_dir, checkpoint_every):
@@ -104,7 +108,7 @@ class Run:
     """Checkpoints, stop requests, log and throughput around a trainer's own loop."""
 
     def __init__(self, ctx, settings, state, components, meter, total_steps, stop_request, extra=None,
-                 per_rank=None, shared_view=None):
+                 per_rank=None, shared_view=None, before_save=None):
         self.ctx = ctx
         self.settings = settings
         self.state = state
@@ -119,9 +123,39 @@ class Run:
         self.throughput = Throughput()
         self.log = None
         self.resumed = False
+        self.before_save = before_save or (lambda: None)  # e.g. fold per-rank sums into shared totals
+        self.commits = None  # --elastic: the in-memory commits (runtime/elastic.py), from launch()
         # The trainers pass it to optim.finish_step; it reports through the log, open after start().
         self.nonfinite = nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state,
                                                                say=lambda line: self.log.info(line))
+
+    def launch(self, train):
+        """``train()`` once; under --elastic inside ``hvd.elastic.run``, again after every reset."""
+        if not self.settings.elastic:
+            self.start()
+            return train()
+        # Horovod: hvd.elastic.run restores the last commit, re-forms the world and calls train() again.
+        self.commits = elastic.Commits(self, self.settings.elastic_commit_every, before_commit=self.before_save)
+        return self.commits.run_elastic(train)
+
+    def follow_world(self, started):
+        """--elastic, after a reset: this worker's rank and size in the new world; the log follows rank 0.
+
+        ``started``: the run has restored its checkpoint (a log is open somewhere).
+        """
+        ctx = self.ctx
+        ctx.rank, ctx.size, ctx.local_rank, ctx.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
+        ctx.watchdog.rank = ctx.rank
+        if not started:
+            return
+        if self.log is None or self.log.enabled != ctx.is_main:
+            if self.log is not None:
+                self.log.close()
+            # A new rank 0 (or a worker that joined) writes the log from the committed step on.
+            self.log = RunLog(ctx, self.settings.output_dir, self.total_steps, resumed_step=self.state.step)
+        elif ctx.is_main:
+            # Rows of steps after the commit are written again when those steps are redone.
+            drop_rows_after(self.log.metrics_path, self.state.step)
 
     def start(self):
         """Lock --output-dir, restore from it (or clear it), then open the log; collective."""
@@ -169,11 +203,30 @@ class Run:
             return self.poll_stop_request()
         return None
 
+    def save_if_due(self, checkpoint_follows=False):
+        """After a step: the --elastic commit, then the checkpoint every --checkpoint-every steps.
+
+        ``checkpoint_follows``: the trainer checkpoints after this step anyway (an
+        epoch's or the schedule's end), so the periodic one is left out.
+        """
+        step, every = self.state.step, self.settings.checkpoint_every
+        # Commit first: once a checkpoint of this step is on disk, every rank holds its commit too.
+        if self.commits is not None and self.commits.commit_due(step):
+            self.commits.commit()  # HostsUpdatedInterrupt from here when hosts were added or removed
+        if every and step % every == 0 and not checkpoint_follows:
+            self.checkpoint()
+
+    def commit(self):
+        """--elastic: commit now (an epoch's end); nothing otherwise."""
+        if self.commits is not None:
+            self.commits.commit()
+
     def poll_stop_request(self):
         """Collective: None, or which signal reached which rank, e.g. "SIGUSR1 (rank 1)"."""
         return self.stop_request.describe() if self.stop_request.should_stop() else None
 
     def checkpoint(self, is_best=False):
+        self.before_save()
         self.checkpointer.save(self.state.step, self.settings, is_best, self.extra)
 
     def stop(self, reason, results, checkpoint=True):

@@ -13,7 +13,9 @@ On resume every saved setting is compared with the new one:
 - every other setting must match: a difference is refused with one line that
   lists each (setting, checkpoint value, new value).
 """
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Optional, Union
 
 from hvdtrain.errors import UsageError
 
@@ -36,26 +38,63 @@ OPERATIONAL = {
 }
 
 
+@dataclass(frozen=True)
 class Settings:
-    """Read-only attribute access to a dict of plain values (what checkpoints store)."""
+    """A run's resolved settings: a frozen dataclass, built once after validation.
 
-    def __init__(self, values):
-        object.__setattr__(self, "_values", {key: _plain(value) for key, value in values.items()})
+    Each trainer declares its own fields (training/cnn.py ``CnnSettings``,
+    training/bert.py ``BertSettings``, both on top of ``RunSettings``);
+    ``build`` refuses a value without a field and a field without a value, so
+    a renamed flag or a typo stops the script before it starts, not at its
+    first use. A checkpoint stores ``dict(settings)`` (plain values).
+    """
 
-    def __getattr__(self, name):
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __setattr__(self, name, value):
-        raise AttributeError(f"settings are frozen after validation (tried to set {name})")
+    @classmethod
+    def build(cls, args, **resolved):
+        """From the parsed arguments plus the values resolved after validation."""
+        values = {**vars(args), **resolved}
+        names = {item.name for item in fields(cls)}
+        unknown, missing = sorted(set(values) - names), sorted(names - set(values))
+        if unknown or missing:
+            raise TypeError(f"{cls.__name__}: values without a field: {unknown}; fields without a value: {missing}")
+        return cls(**{name: _plain(value) for name, value in values.items()})
 
     def keys(self):
-        return self._values.keys()
+        return [item.name for item in fields(self)]
 
     def __getitem__(self, name):
-        return self._values[name]
+        return getattr(self, name)
+
+
+@dataclass(frozen=True)
+class RunSettings(Settings):
+    """The settings every trainer has (runtime/run.py's flags, elastic, diagnostics)."""
+    output_dir: str
+    resume: bool
+    checkpoint_every: int
+    take_over_lock: bool
+    keep_checkpoints: int
+    stop_after: Optional[int]
+    stop_check_every: int
+    seed: int
+    nonfinite_loss: str
+    max_nonfinite_steps: int
+    accumulation_steps: int  # backward passes (micro-batches) per optimizer step
+    fp16_allreduce: bool
+    cpu: bool
+    threads: Optional[int]
+    horovod_timeline: Optional[str]
+    horovod_autotune: bool
+    horovod_autotune_log: Optional[str]
+    elastic: bool
+    elastic_commit_every: int
+    world_size: Union[int, str]  # "elastic" under --elastic: it changes while the run goes on
+    batch_size: int  # per rank and backward pass
+
+    @property
+    def step_batch(self):
+        """Samples per rank and optimizer step."""
+        return self.batch_size * self.accumulation_steps
 
 
 def _plain(value):
@@ -72,7 +111,7 @@ def _plain(value):
 def resume_differences(saved, current):
     """(refused, adjusted): lists of (setting, checkpoint value, new value)."""
     refused, adjusted = [], []
-    for name in sorted(set(saved) | set(current.keys())):
+    for name in sorted(set(saved) | set(current.keys())):  # current: Settings or any mapping
         if name in OPERATIONAL:
             continue
         old, new = saved.get(name, "<unset>"), current[name] if name in current.keys() else "<unset>"
