@@ -19,7 +19,6 @@ same --output-dir resumes at the same step and sample.
 """
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,12 +26,11 @@ import horovod.torch as hvd
 
 from hvdtrain import cli
 from hvdtrain.data import bert_data
-from hvdtrain.data.bert_corpus import vocab_hash
 from hvdtrain.errors import UsageError
 from hvdtrain.models import bert as bert_models
 from hvdtrain.runtime import checkpoint, consistency, dist, elastic, run as run_skeleton, signals
 from hvdtrain.runtime.metrics import SumMeter, Throughput, rate_text, total_throughput
-from hvdtrain.runtime.run import Run, TrainState
+from hvdtrain.runtime.run import Run
 from hvdtrain.training import bert
 from hvdtrain.training.bert import BertSettings
 
@@ -96,7 +94,7 @@ def load_setup(args, ctx):
     if args.max_seq_length is not None and args.max_seq_length != length:
         raise UsageError(f"the shards in {args.data} have max_seq_length {length}, "
                          f"not --max-seq-length {args.max_seq_length}")
-    check_tokenizer(args.data, metadata)
+    bert_data.load_tokenizer(args.data, metadata)
     for entry in metadata["shards"][ctx.rank::ctx.size]:  # each rank opens a share of the files
         bert_data.check_shard(args.data, entry, metadata)
     data = bert_data.PretrainingData(args.data, metadata, ctx.rank, ctx.size, args.seed,
@@ -109,29 +107,10 @@ def load_setup(args, ctx):
         init = checkpoint.load_init_checkpoint(args.init_checkpoint)
         if not {"model", "bert_config", "train_state"} <= set(init):
             raise UsageError(f"--init-checkpoint {args.init_checkpoint} is not a pretrain_bert.py checkpoint")
-        check_vocabulary(init, metadata, f"--init-checkpoint {args.init_checkpoint}")
+        bert_data.check_vocabulary(init, metadata, f"--init-checkpoint {args.init_checkpoint}")
     config = model_config(args, metadata, init)
     bert_models.check_sequence_length(config, length)
     return metadata, config, init
-
-
-def check_tokenizer(directory, metadata):
-    from transformers import BertTokenizerFast
-    path = Path(directory) / bert_data.TOKENIZER_DIR
-    try:
-        tokenizer = BertTokenizerFast.from_pretrained(str(path))
-    except Exception as error:
-        raise UsageError(f"cannot load the tokenizer in {path}: {error.__class__.__name__}") from None
-    if vocab_hash(tokenizer) != metadata["vocab_sha256"]:
-        raise UsageError(f"the tokenizer in {path} is not the vocabulary the shards were made with "
-                         f"(vocab sha256 {vocab_hash(tokenizer)[:12]} vs {metadata['vocab_sha256'][:12]})")
-    return tokenizer
-
-
-def check_vocabulary(state, metadata, what):
-    if state.get("vocab_sha256") != metadata["vocab_sha256"]:
-        raise UsageError(f"{what} was trained with a different vocabulary than the shards "
-                         f"(vocab sha256 {str(state.get('vocab_sha256'))[:12]} vs {metadata['vocab_sha256'][:12]})")
 
 
 def model_config(args, metadata, init):
@@ -190,11 +169,6 @@ def results(run, tokens):
             "global_batch": settings.step_batch * run.ctx.size}
 
 
-@dataclass
-class BertState(TrainState):
-    initial_mlm_loss: float = None
-
-
 def resolved_settings(args, ctx, metadata, config, amp_dtype):
     """Everything that decides what the run computes, frozen (and compared on resume)."""
     architecture = {key: getattr(config, key) for key in bert_models.ARCHITECTURE_KEYS}
@@ -245,7 +219,7 @@ def main(argv=None):
     world = elastic.EpochWorld() if settings.elastic else None
     if world is not None:
         components["epoch_world"] = world
-    run = Run(ctx, settings, BertState(), components, meter, settings.steps, stop_request,
+    run = Run(ctx, settings, bert.BertState(), components, meter, settings.steps, stop_request,
               extra={"bert_config": model.config.to_dict(), "vocab_sha256": metadata["vocab_sha256"]})
     # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
     # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
@@ -307,7 +281,7 @@ def finish(run, tokens, model, metadata):
     summary = {**results(run, tokens), "completed": True}
     with run.ctx.watchdog.phase("exporting the model"):
         if run.ctx.is_main:
-            tokenizer = check_tokenizer(run.settings.data, metadata)
+            tokenizer = bert_data.load_tokenizer(run.settings.data, metadata)
             summary["export_dir"] = str(bert_models.export(model, tokenizer, run.settings.export_dir))
             run.log.info(f"exported a Hugging Face model to {run.settings.export_dir}")
         dist.all_ranks_true(True)  # the other ranks wait here, inside the phase

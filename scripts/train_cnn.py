@@ -14,20 +14,18 @@ import argparse
 import itertools
 import os
 import time
-from dataclasses import dataclass
 
 import torch
-from torch.utils.data import DataLoader
 import horovod.torch as hvd
 
 from hvdtrain import cli
-from hvdtrain.data import images
+from hvdtrain.data import images, loaders
 from hvdtrain.data.sampling import ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
 from hvdtrain.errors import UsageError
 from hvdtrain.models import resnet
 from hvdtrain.runtime import consistency, dist, elastic, run as run_skeleton, signals
 from hvdtrain.runtime.metrics import SumMeter, rate_text, total_throughput
-from hvdtrain.runtime.run import Run, TrainState
+from hvdtrain.runtime.run import Run
 from hvdtrain.training import batchnorm, cnn
 from hvdtrain.training.cnn import CnnSettings
 
@@ -133,11 +131,6 @@ def data_facts(args, train_set, val_set):
     return facts
 
 
-@dataclass
-class CnnState(TrainState):
-    best_top1: float = 0.0
-
-
 def main():
     args = parse_args()
     dist.exit_quietly_on_interrupt()
@@ -178,7 +171,7 @@ def main():
     position = elastic.ElasticPosition() if settings.elastic else None
     if position is not None:
         components["elastic_position"] = position
-    run = Run(ctx, settings, CnnState(), components, meter, settings.epochs * steps_per_epoch, stop_request,
+    run = Run(ctx, settings, cnn.CnnState(), components, meter, settings.epochs * steps_per_epoch, stop_request,
               per_rank={"batchnorm": batchnorm.OwnStatistics(trainer.model)},
               shared_view=lambda: batchnorm.averaged(trainer.model),
               before_save=(lambda: position.fold(meter)) if position else None)
@@ -290,22 +283,11 @@ def make_loaders(settings, ctx, train_set, val_set):
     else:
         sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed)
     cuda = ctx.device.type == "cuda"
-    train_loader = make_loader(train_set, sampler, None if settings.elastic else settings.step_batch,
+    train_loader = loaders.make_loader(train_set, sampler, None if settings.elastic else settings.step_batch,
                                settings.workers, cuda)
-    val_loader = make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
+    val_loader = loaders.make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
                              2 * settings.batch_size, settings.workers, cuda)
     return sampler, train_loader, val_loader
-
-
-def make_loader(dataset, sampler, batch_size, workers, pin_memory):
-    extra = {}
-    if workers > 0:
-        # Horovod: forkserver workers that leave SIGTERM/SIGUSR1 to the rank.
-        extra = signals.worker_loader_options()
-    if batch_size is None:  # the sampler yields whole batches (ElasticBatchSampler)
-        return DataLoader(dataset, batch_sampler=sampler, num_workers=workers, pin_memory=pin_memory, **extra)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      pin_memory=pin_memory, drop_last=False, **extra)
 
 
 def results(run, seconds):

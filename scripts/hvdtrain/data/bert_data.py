@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hvdtrain.errors import UsageError
+from hvdtrain.data.bert_corpus import vocab_hash
 from hvdtrain.data.sampling import assign_rows
+from hvdtrain.errors import UsageError
 
 FORMAT_NAME = "hvdtrain-bert-shards"
 FORMAT_VERSION = 1
@@ -367,3 +368,24 @@ def dynamic_mask(pick, special, probability, rng):
     replace = chosen & (draw >= 0.8) & (draw < 0.9)
     ids[replace] = random_tokens[replace]
     return labels
+
+
+def load_tokenizer(directory, metadata):
+    """The shards' own tokenizer (TOKENIZER_DIR), checked against the vocabulary they were made with."""
+    from transformers import BertTokenizerFast  # imported when used: it takes seconds
+    path = Path(directory) / TOKENIZER_DIR
+    try:
+        tokenizer = BertTokenizerFast.from_pretrained(str(path))
+    except Exception as error:
+        raise UsageError(f"cannot load the tokenizer in {path}: {error.__class__.__name__}") from None
+    if vocab_hash(tokenizer) != metadata["vocab_sha256"]:
+        raise UsageError(f"the tokenizer in {path} is not the vocabulary the shards were made with "
+                         f"(vocab sha256 {vocab_hash(tokenizer)[:12]} vs {metadata['vocab_sha256'][:12]})")
+    return tokenizer
+
+
+def check_vocabulary(state, metadata, what):
+    """A checkpoint's vocabulary must be the shards'."""
+    if state.get("vocab_sha256") != metadata["vocab_sha256"]:
+        raise UsageError(f"{what} was trained with a different vocabulary than the shards "
+                         f"(vocab sha256 {str(state.get('vocab_sha256'))[:12]} vs {metadata['vocab_sha256'][:12]})")

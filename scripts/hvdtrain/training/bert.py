@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from hvdtrain.models import bert as bert_models
+from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
 from hvdtrain.training import optim
 
@@ -41,6 +42,12 @@ class BertSettings(RunSettings):
     architecture: dict
     vocab_sha256: str
     num_instances: int
+
+
+@dataclass
+class BertState(TrainState):
+    """Where training stands (a checkpoint component), and the first logged MLM loss."""
+    initial_mlm_loss: float = None
 
 
 @dataclass

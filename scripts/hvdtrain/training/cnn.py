@@ -17,6 +17,7 @@ import horovod.torch as hvd
 from hvdtrain.models import resnet
 from hvdtrain.runtime import dist
 from hvdtrain.runtime.metrics import SumMeter, topk_correct
+from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
 from hvdtrain.training import optim
 
@@ -49,6 +50,12 @@ class CnnSettings(RunSettings):
     scaled_lr: float  # the LR used: used_lr()
     train_samples: int
     num_classes: int
+
+
+@dataclass
+class CnnState(TrainState):
+    """Where training stands (a checkpoint component), and the best validation top-1 so far."""
+    best_top1: float = 0.0
 
 
 @dataclass
