@@ -19,14 +19,14 @@ import torch
 import horovod.torch as hvd
 
 from hvdtrain import cli
-from hvdtrain.data import images, loaders
+from hvdtrain.data import images
 from hvdtrain.data.sampling import ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
 from hvdtrain.errors import UsageError
 from hvdtrain.models import resnet
 from hvdtrain.runtime import consistency, dist, elastic, run as run_skeleton, signals
 from hvdtrain.runtime.metrics import SumMeter, rate_text, total_throughput
 from hvdtrain.runtime.run import Run
-from hvdtrain.training import batchnorm, cnn
+from hvdtrain.training import batchnorm, cnn, loaders
 from hvdtrain.training.cnn import CnnSettings
 
 
