@@ -1,0 +1,110 @@
+"""benchmark.py train: training throughput of the trainers' own steps on synthetic data.
+
+Warm-up steps are left out, then each timed window gives a rate; reported as
+the median, the spread and mean ± 1.96σ over windows, per worker and in total,
+with the CPU each rank kept busy and the mean loss of every step.
+"""
+import os
+import resource
+import time
+
+import torch
+
+from hvdtrain import cli
+from hvdtrain.bench import backends, workloads
+from hvdtrain.bench.record import environment, summarize, write_json
+from hvdtrain.runtime.run import add_horovod_diagnostics
+
+KNOB_VARIABLES = {"fusion_threshold_mb": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME"}
+
+
+def add_arguments(modes):
+    parser = modes.add_parser("train", help="training throughput: Horovod, or --baseline ddp|none")
+    parser.add_argument("--model", choices=workloads.MODELS, default="resnet20", help="what to train")
+    parser.add_argument("--baseline", choices=["ddp", "none"],
+                        help="instead of Horovod: DistributedDataParallel, or one process without distribution")
+    parser.add_argument("--batch-size", type=cli.positive_int, default=32,
+                        help="images or sequences per rank and backward pass")
+    parser.add_argument("--image-size", type=cli.positive_int, help="CNN input size (default: the model's own)")
+    parser.add_argument("--seq-length", type=cli.positive_int, default=128, help="BERT sequence length")
+    parser.add_argument("--vocab-size", type=cli.positive_int, default=30522, help="BERT vocabulary size")
+    parser.add_argument("--warmup-steps", type=cli.non_negative_int, default=5, help="untimed steps first")
+    parser.add_argument("--window-steps", type=cli.positive_int, default=10, help="steps per timed window")
+    parser.add_argument("--windows", type=cli.positive_int, default=5, help="timed windows")
+    parser.add_argument("--seed", type=cli.non_negative_int, default=42, help="weights and synthetic data")
+    parser.add_argument("--amp", action="store_true", help="CUDA: mixed precision (fp16 CNN, bf16 BERT)")
+    parser.add_argument("--channels-last", action="store_true", help="CNN: channels_last memory layout")
+    knobs = parser.add_argument_group("Horovod")
+    knobs.add_argument("--fp16-allreduce", action="store_true", help="send gradients as fp16")
+    knobs.add_argument("--accumulation-steps", type=cli.positive_int, default=1,
+                       help="backward passes per allreduce (Horovod's batches per allreduce)")
+    knobs.add_argument("--fusion-threshold-mb", type=cli.non_negative_int,
+                       help="HOROVOD_FUSION_THRESHOLD in MiB (Horovod's default: 128)")
+    knobs.add_argument("--cycle-time-ms", type=cli.positive_float,
+                       help="HOROVOD_CYCLE_TIME in ms (Horovod's default: 1)")
+    add_horovod_diagnostics(knobs)
+    backends.add_common_arguments(parser)
+
+
+def check_arguments(args):
+    if args.baseline and (args.horovod_timeline or args.horovod_autotune or args.horovod_autotune_log
+                          or args.fusion_threshold_mb is not None or args.cycle_time_ms is not None):
+        cli.fail("Horovod's knobs and diagnostics apply to Horovod runs only (drop --baseline)")
+
+
+def run(args):
+    for name, variable in KNOB_VARIABLES.items():  # Horovod: read at hvd.init()
+        value = getattr(args, name)
+        if value is not None:
+            os.environ[variable] = str(int(value * 2**20) if name == "fusion_threshold_mb" else value)
+    backend = backends.BACKENDS[args.baseline](args)
+    torch.manual_seed(args.seed)  # the same initial weights under every backend
+    workload = workloads.build(args, backend)
+    losses = [workload.step() for _ in range(args.warmup_steps)]
+    local_rates = []
+    timed_wall, timed_cpu = -time.perf_counter(), -process_cpu_seconds()
+    for _ in range(args.windows):
+        backend.barrier()
+        started = time.perf_counter()
+        for _ in range(args.window_steps):
+            losses.append(workload.step())
+            backend.beat()
+        if backend.device.type == "cuda":
+            torch.cuda.synchronize()
+        local_rates.append(workload.samples * args.window_steps / (time.perf_counter() - started))
+    timed_wall, timed_cpu = timed_wall + time.perf_counter(), timed_cpu + process_cpu_seconds()
+    totals = backend.sum(local_rates)  # per window: the sum of every rank's rate
+    # CPU seconds per second of every thread of the process (compute, Horovod's
+    # background thread, MPI/Gloo progress), averaged over ranks: more than
+    # --threads means something else takes cores from the computation.
+    (cpu_cores,) = backend.sum([timed_cpu / timed_wall / backend.size])
+    mean_losses = [value / backend.size for value in backend.sum(losses)]
+    knobs = {"model": args.model, "batch_size": args.batch_size, "fp16_allreduce": args.fp16_allreduce,
+             "accumulation_steps": args.accumulation_steps, "amp": args.amp, "channels_last": args.channels_last,
+             "image_size": args.image_size,
+             "seq_length": args.seq_length if args.model in workloads.BERT_MODELS else None}
+    result = {"mode": "train", "unit": f"{workload.unit}/s",
+              "total": summarize(totals),
+              "per_worker": summarize([total / backend.size for total in totals]),
+              "cpu_cores_per_rank": cpu_cores, "losses": mean_losses,
+              "environment": environment(backend, knobs)}
+    if backend.rank == 0:
+        report(result, args)
+        write_json(result, args.output)
+
+
+def process_cpu_seconds():
+    """User and system CPU seconds of every thread of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def report(result, args):
+    total, worker, env = result["total"], result["per_worker"], result["environment"]
+    unit = result["unit"]
+    print(f"{args.model} {env['backend']} ({env['controller']}), {env['world_size']} worker(s) x batch "
+          f"{args.batch_size * args.accumulation_steps}, {env['threads_per_rank']} thread(s) per rank", flush=True)
+    print(f"total:      median {total['median']:.1f} {unit} (min {total['min']:.1f}, max {total['max']:.1f}), "
+          f"mean {total['mean']:.1f} +- {total['ci95']:.1f}", flush=True)
+    print(f"per worker: median {worker['median']:.1f} {unit}, mean {worker['mean']:.1f} +- {worker['ci95']:.1f}; "
+          f"CPU busy {result['cpu_cores_per_rank']:.2f} cores per rank", flush=True)
