@@ -3,7 +3,7 @@
 ``build(args, backend)`` returns a workload whose ``step()`` runs one optimizer
 step of train_cnn.py or pretrain_bert.py (``training.cnn.Trainer.train_step``,
 ``training.bert.Trainer.train_step``) and returns its loss; ``samples`` and ``unit`` say what a step
-processes. The backend (bench.HorovodBackend, DdpBackend, SingleBackend) wraps
+processes. The backend (backends.HorovodBackend, DdpBackend, SingleBackend) wraps
 the model and optimizer, so one workload runs under all three.
 """
 import torch
