@@ -5,6 +5,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 2
+TEST_WORKERS ?= 4
 
 .PHONY: setup test-deps demo demo-bert test clean
 
@@ -24,8 +25,11 @@ demo-bert: setup
 	$(VENV)/bin/horovodrun -np $(NP) $(PY) scripts/pretrain_bert.py --data runs/demo-bert-data \
 	    --model tiny --output-dir runs/demo-bert --no-resume
 
+# The suite mostly waits (launchers, timeouts, Slurm): TEST_WORKERS tests run side by
+# side (pytest-xdist); tests that share a cluster, the two hosts or a module's data
+# stay on one worker (tests/conftest.py). TEST_WORKERS=0 runs them one at a time.
 test: setup test-deps
-	$(VENV)/bin/python -m pytest -ra --durations=30 tests
+	$(VENV)/bin/python -m pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadgroup tests
 
 clean:
 	rm -rf runs .pytest_cache

@@ -47,15 +47,49 @@ def two_hosts():
         hosts.stop()
 
 
+# tryfirst: pytest-xdist reads the xdist_group marks in its own hook of this name.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Deselect the `gpu` tests where no CUDA GPU is visible: the one exception to
-    "under CI=true a missing component fails", since CI here has no GPU."""
+    "under CI=true a missing component fails", since CI here has no GPU. Then
+    group the tests that share a fixture for pytest-xdist."""
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
-    if not gpu_tests or cuda_gpus() > 0:
-        return
-    config.hook.pytest_deselected(items=gpu_tests)
-    items[:] = [item for item in items if not item.get_closest_marker("gpu")]
-    config.stash[_GPU_DESELECTED] = len(gpu_tests)
+    if gpu_tests and cuda_gpus() == 0:
+        config.hook.pytest_deselected(items=gpu_tests)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+        config.stash[_GPU_DESELECTED] = len(gpu_tests)
+    for item, group in shared_fixture_groups(items).items():
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def shared_fixture_groups(items):
+    """{test: group} for the tests that share one of this suite's fixtures that outlive
+    a test (a module's prepared data or trained model, the session's Slurm cluster or
+    hosts), directly or through other fixtures: `pytest -n N --dist loadgroup` runs
+    each group on one worker, so each such fixture starts once, as without xdist,
+    and no two workers run a Slurm cluster or the two hosts side by side. A group is
+    named after its widest fixture: "slurm_cluster", "two_hosts", "data_dir"."""
+    widest = {"session": 0, "package": 1, "module": 2, "class": 3}
+    parent = {}
+
+    def root(key):
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    shared = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        keys = sorted((widest[definition.scope], definition.baseid, name)
+                      for name, definitions in (info.name2fixturedefs.items() if info else ())
+                      for definition in definitions[-1:]
+                      if definition.scope != "function" and definition.baseid)  # baseid "": pytest's own
+        if keys:
+            shared[item] = keys[0]
+            for key in keys[1:]:
+                first, other = sorted((root(keys[0]), root(key)))
+                parent[other] = first
+    return {item: root(key)[2] for item, key in shared.items()}
 
 
 def pytest_terminal_summary(terminalreporter, config):

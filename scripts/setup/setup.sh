@@ -112,6 +112,16 @@ create_venv() {
     [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
 }
 
+add_repository_paths() {
+    # A .pth file puts scripts/ (the hvdtrain package) and tests/ (its helpers,
+    # tests/support) on the venv's path, so that the programs the tests launch
+    # (tests/workers/) and the measurement tools (tools/) import them by name.
+    local site pth
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    pth="$site/hvd-training-scripts.pth"
+    printf '%s\n' "$PWD/scripts" "$PWD/tests" > "$pth.new.$$" && mv -f "$pth.new.$$" "$pth"
+}
+
 pip_quiet() {
     # This machine's pip.conf names local wheel folders that may be absent; drop those warnings.
     "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "is ignored" >&2)
@@ -302,6 +312,7 @@ if [ "$DRY_RUN" = 1 ]; then
     exit 0
 fi
 create_venv
+add_repository_paths
 install_requirements
 check_horovod_build
 say "done: activate with 'source $VENV/bin/activate'"
