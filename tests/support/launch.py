@@ -70,6 +70,9 @@ def test_env(extra=None):
     env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     # Two ranks on a 2-core machine: let Open MPI oversubscribe rather than refuse.
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    # A rank waiting in MPI yields its core instead of spinning: several tests' ranks
+    # share the cores (make test runs tests side by side), more than Open MPI knows of.
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     env.update(extra or {})
     return env
 
