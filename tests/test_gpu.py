@@ -76,7 +76,7 @@ def test_each_rank_is_pinned_to_its_own_gpu_and_allreduces_there(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import torch, horovod.torch as hvd\n"
-        "from hvdtrain import dist\n"
+        "from hvdtrain.runtime import dist\n"
         "ctx = dist.init()\n"
         "x = torch.full((4,), float(ctx.rank + 1), device=ctx.device)\n"
         "total = hvd.allreduce(x, op=hvd.Sum, name='probe')\n"
