@@ -16,7 +16,7 @@ import horovod.torch as hvd
 
 from hvdtrain import cli
 from hvdtrain.errors import UsageError
-from hvdtrain.runtime import watchdog as watchdog_module
+from hvdtrain.runtime import peers, watchdog as watchdog_module
 
 # HOROVOD_CYCLE_TIME (ms) under the Gloo controller (horovodrun --gloo, --elastic) unless
 # set: Gloo negotiates over TCP every cycle, and at Horovod's 1 ms that costs the
@@ -104,6 +104,8 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
         torch.set_num_threads(threads)
 
     watchdog = watchdog_module.from_env(hvd.rank())
+    if not elastic and hvd.size() > 1:  # who else is alive, so a hang can name the lost ranks and hosts
+        watchdog.peers = peers.start(hvd.rank(), step=lambda: watchdog.step_number)
     return Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                    local_size=hvd.local_size(), device=device, watchdog=watchdog)
 

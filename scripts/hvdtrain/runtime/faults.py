@@ -4,7 +4,7 @@ Fault injection (tests and the fault matrix only): set
 
     HVDTRAIN_FAULT="rank=1,step=20,kind=stop"
 
-and that rank, right after finishing that step, does one of
+and that rank (or each of ``rank=12-15``: a whole node), right after finishing that step, does one of
   stop      SIGSTOP itself: the whole process frozen (a hung node)
   deadlock  block its main thread forever; Horovod's thread stays alive
   kill      SIGKILL itself (a crashed node, the OOM killer)
@@ -33,6 +33,10 @@ class Fault:
     step: int
     kind: str
     seconds: float = 30.0
+    last_rank: int = None  # rank=12-15: ranks 12 to 15
+
+    def applies_to(self, rank):
+        return self.rank <= rank <= (self.rank if self.last_rank is None else self.last_rank)
 
 
 def parse(text):
@@ -42,13 +46,14 @@ def parse(text):
         key, _, value = part.partition("=")
         fields[key.strip()] = value.strip()
     try:
-        fault = Fault(int(fields.pop("rank")), int(fields.pop("step", 1)), fields.pop("kind"),
-                      float(fields.pop("seconds", 30)))
+        first, _, last = fields.pop("rank").partition("-")
+        fault = Fault(int(first), int(fields.pop("step", 1)), fields.pop("kind"),
+                      float(fields.pop("seconds", 30)), int(last) if last else None)
     except (KeyError, ValueError):
-        raise UsageError(f"{FAULT_ENV}={text!r}: expected rank=R,step=N,kind=K[,seconds=S]") from None
+        raise UsageError(f"{FAULT_ENV}={text!r}: expected rank=R[-R2],step=N,kind=K[,seconds=S]") from None
     if fault.kind not in KINDS or fields:
         raise UsageError(f"{FAULT_ENV}={text!r}: kind must be one of {', '.join(KINDS)}; "
-                             f"unknown keys: {', '.join(fields) or 'none'}")
+                         f"unknown keys: {', '.join(fields) or 'none'}")
     return fault
 
 
@@ -67,7 +72,7 @@ def planned():
 def at_step(rank, step):
     """Called after every training step: inject the planned fault there."""
     fault = planned()
-    if not fault or fault.kind == "slow-checkpoint" or fault.rank != rank or fault.step != step:
+    if not fault or fault.kind == "slow-checkpoint" or not fault.applies_to(rank) or fault.step != step:
         return
     # The wall-clock time lets the fault matrix measure how long the job took to end.
     print(f"rank {rank}: injecting fault {fault.kind} after step {step} at {time.time():.3f} ({FAULT_ENV})",
@@ -87,7 +92,7 @@ def at_step(rank, step):
 def in_checkpoint_write(rank, step):
     """Called inside every checkpoint write: a slow file system, when planned."""
     fault = planned()
-    if fault and fault.kind == "slow-checkpoint" and fault.rank == rank and step == fault.step:
+    if fault and fault.kind == "slow-checkpoint" and fault.applies_to(rank) and step == fault.step:
         time.sleep(fault.seconds)
 
 

@@ -1,0 +1,35 @@
+"""Sixteen ranks on one machine (`mpirun --oversubscribe`, one thread per rank): what changes with N.
+
+A fault at 16 ranks must still read as one line naming who failed, not one
+line per surviving rank.
+"""
+import re
+import sys
+import time
+
+from support.commands import CNN
+from support.launch import launch
+
+RANKS = 16
+MPIRUN = ["mpirun", "-np", str(RANKS), "--oversubscribe", "--bind-to", "none"]
+SMALL = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--threads", "1", "--epochs", "2"]
+# The watchdog's floor, shortened so the test waits seconds, not a minute (the mechanism is the same).
+QUICK_WATCHDOG = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"}
+
+
+def error_lines(output):
+    return [line for line in output.splitlines() if re.search(r"(rank \d+|\w+\.py): error:", line)]
+
+
+def test_a_frozen_node_at_16_ranks_is_one_line_naming_its_ranks(tmp_path, need_horovod, need_mpi):
+    """Four ranks (a node's worth) frozen at once: rank 0 names them; the 12 others stay quiet."""
+    started = time.monotonic()
+    run = launch([*MPIRUN, sys.executable, CNN, *SMALL, "--output-dir", tmp_path / "run"], timeout=300,
+                 env={**QUICK_WATCHDOG, "HVDTRAIN_FAULT": "rank=12-15,step=5,kind=stop"})
+    elapsed = time.monotonic() - started
+    assert not run.timed_out and run.returncode != 0, run.describe()
+    errors = error_lines(run.output)
+    assert len(errors) == 1, run.describe()
+    assert "rank 0: error:" in errors[0] and "not heard from ranks 12-15 (4 of 16 on" in errors[0], run.describe()
+    assert "frozen, dead or cut off" in errors[0], run.describe()
+    print(f"frozen node at {RANKS} ranks: one line after {elapsed:.0f} s: {errors[0]}")
