@@ -51,10 +51,13 @@ class Peers:
         threading.Thread(target=target, name="hvdtrain-heartbeat", daemon=True).start()
 
     def silent_ranks(self, seconds=SILENT_SECONDS):
-        """Rank 0: {rank: seconds since it was last heard} of those silent for over ``seconds``."""
+        """Rank 0: {rank: seconds since it was last heard} of those silent for over ``seconds``.
+
+        Only ranks heard at least once: where a firewall drops the heartbeat,
+        nobody is named rather than everybody.
+        """
         now = time.monotonic()
-        silence = {rank: now - self.heard.get(rank, self.started) for rank in range(1, len(self.hosts))}
-        return {rank: quiet for rank, quiet in silence.items() if quiet > seconds}
+        return {rank: now - heard for rank, heard in self.heard.items() if now - heard > seconds}
 
     def who_is_silent(self):
         """Rank 0: "not heard from ranks 12-15 (all 4 on node-d) for 61 s: frozen, dead or cut off", or ""."""
