@@ -47,8 +47,14 @@ def two_hosts():
         hosts.stop()
 
 
-# tryfirst: pytest-xdist reads the xdist_group marks in its own hook of this name.
-@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """Under pytest-xdist, its scheduler for the groups below (support/xdist_groups.py)."""
+    if config.pluginmanager.hasplugin("xdist"):
+        from support import xdist_groups
+        config.pluginmanager.register(xdist_groups, "hvdtest-xdist-groups")  # its pytest_configure runs now
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     """Deselect the `gpu` tests where no CUDA GPU is visible: the one exception to
     "under CI=true a missing component fails", since CI here has no GPU. Then
@@ -58,8 +64,12 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=gpu_tests)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
         config.stash[_GPU_DESELECTED] = len(gpu_tests)
-    for item, group in shared_fixture_groups(items).items():
+    groups = shared_fixture_groups(items)
+    for item, group in groups.items():
         item.add_marker(pytest.mark.xdist_group(group))
+    if config.pluginmanager.has_plugin("hvdtest-xdist-groups"):
+        config.pluginmanager.get_plugin("hvdtest-xdist-groups").record(config, groups)
+    return (yield)
 
 
 def shared_fixture_groups(items):
