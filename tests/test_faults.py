@@ -108,16 +108,16 @@ def test_fault_spec_errors_are_one_line():
 
 
 def test_a_peer_failure_and_an_own_error_read_as_one_line():
-    from hvdtrain.runtime import faults
+    from hvdtrain import errors
     try:
         raise RuntimeError("bad shard\nmore detail")
     except RuntimeError as error:
-        line = faults.describe(error, "rank 1")
+        line = errors.describe(error, "rank 1")
     assert line.startswith("rank 1: error: RuntimeError") and "bad shard" in line and "\n" not in line
     assert "test_faults.py" in line  # where it was raised
     peer = type("HorovodInternalError", (RuntimeError,), {})("Horovod has been shut down. This was caused by")
-    assert faults.describe(peer, "rank 0").startswith(
-        "rank 0: error: a collective failed") and "another rank died" in faults.describe(peer, "rank 0")
+    assert errors.describe(peer, "rank 0").startswith(
+        "rank 0: error: a collective failed") and "another rank died" in errors.describe(peer, "rank 0")
 
 
 def test_a_bad_watchdog_setting_is_one_line_exit_2(need_horovod):
