@@ -1,9 +1,12 @@
 """--elastic under a real elastic horovodrun: a worker killed with SIGKILL mid-epoch, a host that returns.
 
 The host discovery script reads a hostfile the test rewrites. On one machine
-the two "hosts" are the names localhost and 127.0.0.1 (Horovod blacklists the
-host of a failed worker, so the survivor must be on another name), and across
-the two network-namespace hosts of support/two_hosts.py they are hvd-a and hvd-b.
+the two "hosts" are the names localhost and 127.0.0.1 (one slot each: the
+project's Horovod patch blacklists a host when every slot it had failed, so the
+killed worker's host leaves), and across the two network-namespace hosts of
+support/two_hosts.py they are hvd-a and hvd-b. With two slots on one host
+(``localhost slots=2``, the README's example) the host stays and the failed
+slot gets a new worker.
 
 What every test checks in the run's metrics.jsonl: each epoch trained every
 sample of the data set exactly once (``train_samples``, summed over the ranks
@@ -50,8 +53,9 @@ def rows(output_dir):
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def worker_pid(output_dir, hostname):
-    """The pid of the rank started for ``hostname`` whose command names ``output_dir``, or None.
+def worker_pid(output_dir, hostname, local_rank=None):
+    """The pid of the rank started for ``hostname`` (and slot ``local_rank``) whose command
+    names ``output_dir``, or None.
 
     The Python process itself: not the ssh client that started it on another host.
     """
@@ -64,13 +68,14 @@ def worker_pid(output_dir, hostname):
         except OSError:
             continue
         if (os.path.basename(command[0]).startswith(b"python") and str(output_dir).encode() in command
-                and f"HOROVOD_HOSTNAME={hostname}".encode() in environ):
+                and f"HOROVOD_HOSTNAME={hostname}".encode() in environ
+                and (local_rank is None or f"HOROVOD_LOCAL_RANK={local_rank}".encode() in environ)):
             return int(entry)
     return None
 
 
-def kill_worker(output_dir, hostname, killed):
-    pid = worker_pid(output_dir, hostname)
+def kill_worker(output_dir, hostname, killed, local_rank=None):
+    pid = worker_pid(output_dir, hostname, local_rank)
     if pid is not None:
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
@@ -125,6 +130,32 @@ def test_a_killed_worker_leaves_the_job_and_its_returning_host_rejoins(need_horo
     assert resumed and int(resumed.group(1)) >= 5 * 32, ran.describe()
     found = assert_every_epoch_complete(out, 8)
     assert found[-1]["val_top1"] >= 0.95, found[-1]
+    results = json.loads((out / "results.json").read_text())
+    assert results["completed"] and results["world_size"] == 2, results
+
+
+# What Horovod's C++ side prints when it aborts a rank: std::terminate's text and its log lines
+# ("[2026-11-24 10:00:00.123456: E /.../operations.cc:697] ...").
+CPP_ABORT = re.compile(r"terminate called|has been removed from elastic job"
+                       r"|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [EF] ")
+
+
+def test_a_killed_worker_on_a_host_with_two_slots_is_restarted(need_horovod, tmp_path):
+    """README's elastic example (one host, ``localhost slots=2``): SIGKILL local rank 1 in epoch 2.
+    The host keeps its healthy rank (only a host whose every slot failed is blacklisted): the job
+    goes on, Horovod starts a new worker in the lost slot, and every epoch trains each sample once."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "localhost slots=2")
+    killed = []
+    wait_then(lambda: mid_epoch_checkpoint(out), lambda: kill_worker(out, "localhost", killed, local_rank=1), 200)
+    ran = launch(elastic_command(hostfile, 2, [*CNN, "--output-dir", out, "--epochs", "3", "--model", "convnet",
+                                               "--threads", "1"]), timeout=300)
+    assert ran.returncode == 0, ran.describe()
+    assert killed, "local rank 1 on localhost was never found to kill"
+    assert not CPP_ABORT.search(ran.output), ran.describe()
+    sizes = world_sizes(ran)
+    assert sizes[0] == 2 and sizes[-1] == 2 and len(sizes) >= 2, (sizes, ran.describe())
+    assert_every_epoch_complete(out, 3)
     results = json.loads((out / "results.json").read_text())
     assert results["completed"] and results["world_size"] == 2, results
 
