@@ -94,7 +94,7 @@ def test_shard_format_keeps_its_layout():
 # Options of other programs that the README and docs/ name, by program; a file's options must be in that file.
 OTHER_PROGRAMS = {
     "horovodrun": {"--gloo", "--mpi", "--min-np", "--max-np", "--network-interface", "--check-build",
-                   "--host-discovery-script", "--blacklist-cooldown-range",
+                   "--host-discovery-script", "--blacklist-cooldown-range", "--reset-limit",
                    "--timeline-filename"},
     "mpirun": {"--bind-to", "--mca", "--oversubscribe"},
     "sbatch, srun, scancel": {"--nodes", "--ntasks-per-node", "--gpus-per-node", "--gpus-per-task",

@@ -9,9 +9,10 @@ README writes them in test_readme.py.
 """
 import json
 import sys
+import time
 
 from support.launch import REPO, SCRIPTS, launch, python, wait_then
-from support.two_hosts import INTERFACE
+from support.two_hosts import INTERFACE, sh
 
 HOSTFILES = REPO / "hostfiles"
 TINY_CNN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--epochs", "1", "--max-steps", "3"]
@@ -86,3 +87,38 @@ def test_horovodrun_across_two_hosts(need_horovod, two_hosts, tmp_path):
         sys.executable, *TINY_CNN, "--output-dir", tmp_path / "run"]),
         timeout=240, env=two_hosts.env())
     assert_two_rank_run(ran, tmp_path / "run")
+
+
+def test_a_partitioned_host_ends_an_mpirun_job_with_one_line_naming_it(need_horovod, need_mpi, two_hosts, tmp_path):
+    """hvd-b's link goes down mid-training (its processes alive, its packets lost): mpirun cannot
+    reach hvd-b's daemon to end the job, so rank 0, having named the lost rank, ends mpirun."""
+    hostfile = two_host_hostfile(tmp_path, "openmpi")
+    out = tmp_path / "run"
+    cut = {}
+
+    def partition():
+        cut["at"] = time.monotonic()
+        sh(["ip", "-n", two_hosts.namespaces["hvd-b"], "link", "set", INTERFACE, "down"])
+
+    # Training has begun once the first periodic checkpoint is on disk.
+    watcher = wait_then(lambda: any(out.glob("step-*.pt")), partition, 200)
+    try:
+        ran = launch(two_hosts.on_a([
+            "mpirun", "-np", "2", "-hostfile", hostfile, "--bind-to", "none",
+            "-mca", "btl_tcp_if_include", INTERFACE, "-mca", "oob_tcp_if_include", INTERFACE,
+            "-x", "PATH", "-x", "OMP_NUM_THREADS", "-x", "PYTHONUNBUFFERED", "-x", "HVDTRAIN_WATCHDOG_FLOOR_SECONDS",
+            sys.executable, SCRIPTS / "train_cnn.py", "--dataset", "synthetic", "--synthetic-samples", "100000",
+            "--model", "convnet", "--image-size", "8", "--epochs", "20", "--checkpoint-every", "10",
+            "--output-dir", out]),
+            timeout=400, env={**two_hosts.env(), "OMPI_MCA_rmaps_base_oversubscribe": "0",
+                              "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "20"})
+        ended = time.monotonic()
+    finally:
+        watcher.join(timeout=1)
+        sh(["ip", "-n", two_hosts.namespaces["hvd-b"], "link", "set", INTERFACE, "up"])  # for the next tests
+    assert "at" in cut, ran.describe()
+    assert not ran.timed_out and ran.returncode != 0, ran.describe()
+    assert ended - cut["at"] < 120, f"ended {ended - cut['at']:.0f} s after the partition\n{ran.describe()}"
+    errors = [line for line in ran.output.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and "not heard from rank 1 (all 1 on hvd-b)" in errors[0], ran.describe()
+    print(f"partition: the job ended {ended - cut['at']:.0f} s after hvd-b's link went down")

@@ -13,6 +13,7 @@ import time
 import traceback
 
 from hvdtrain.errors import WATCHDOG_EXIT, UsageError
+from hvdtrain.runtime import teardown
 
 # A rank that freezes (alive but silent) would otherwise hang the job forever:
 # Horovod's stall check only warns unless a shutdown time is set, and with the
@@ -128,6 +129,8 @@ class Watchdog:
                       f"(limit {limit:.0f} s: {why})", file=sys.stderr, flush=True)
                 if self.peers is not None and self.rank == 0:
                     self.peers.announce_reported()
+                    if self.peers.silent_ranks():  # a lost node: its launcher may never end the job
+                        teardown.end_a_stuck_launcher()
                 os._exit(WATCHDOG_EXIT)
 
     def _rank_zero_speaks(self):

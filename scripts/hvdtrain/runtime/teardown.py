@@ -1,0 +1,92 @@
+"""Taking a job down when its launcher cannot.
+
+When a rank ends itself (its watchdog fired), the launcher ends the other
+ranks. But mpirun ends a job through every node's daemon, and a node cut off
+from the network never answers: mpirun then waits for it (measured: still
+running 300 s after one of two hosts lost its link), holding the allocation
+until the time limit. So the rank that names lost ranks leaves behind a small
+detached process that kills the launcher if it is still there
+LAUNCHER_GRACE_SECONDS later. A launcher that ends the job in time is never
+touched; only an mpirun on this rank's own node (one of its ancestors) is
+considered (under ``horovodrun --mpi`` horovodrun then ends too).
+"""
+import os
+import signal
+import time
+
+LAUNCHER_GRACE_SECONDS = 30.0
+LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun")
+
+
+def end_a_stuck_launcher(grace=LAUNCHER_GRACE_SECONDS):
+    """Kill this rank's mpirun (on this node) if it outlives this rank by ``grace`` seconds."""
+    launcher = _launcher_ancestor()
+    if launcher is None:
+        return
+    if os.fork() != 0:
+        return
+    try:  # the child: its own session, so that the job's teardown does not take it along
+        os.setsid()
+        # None of the rank's files: the launcher must not wait for this child's end of its output.
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.closerange(3, 65536)
+        time.sleep(grace)
+        if _process_identity(launcher[0]) == launcher:
+            # Its children too: the ssh to a lost node would hold the launcher's output open.
+            for pid in [launcher[0], *_children(launcher[0])]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+    finally:
+        os._exit(0)
+
+
+def _launcher_ancestor():
+    """(pid, start time) of the nearest mpirun among this process's ancestors, or None."""
+    pid = os.getppid()
+    while pid > 1:
+        identity = _process_identity(pid)
+        if identity is None:
+            return None
+        if _name(pid) in LAUNCHERS:
+            return identity
+        pid = _parent(pid)
+    return None
+
+
+def _process_identity(pid):
+    """(pid, start time in clock ticks): a pid reused by another process reads differently."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return pid, int(fields[19])  # field 22 of /proc/PID/stat: starttime
+
+
+def _parent(pid):
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def _children(parent):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if _parent(int(entry)) == parent:
+                    found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
+
+
+def _name(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
