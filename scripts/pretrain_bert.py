@@ -28,7 +28,7 @@ from hvdtrain import cli
 from hvdtrain.data import bert_data
 from hvdtrain.errors import UsageError
 from hvdtrain.models import bert as bert_models
-from hvdtrain.runtime import checkpoint, consistency, dist, elastic, run as run_skeleton, signals
+from hvdtrain.runtime import checkpoint, consistency, dist, elastic, precision, run as run_skeleton, signals
 from hvdtrain.runtime.metrics import SumMeter, Throughput, rate_text, total_throughput
 from hvdtrain.runtime.run import Run
 from hvdtrain.training import bert
@@ -68,8 +68,7 @@ def parse_args(argv=None):
     train.add_argument("--weight-decay", type=float, default=0.01, help="not applied to biases and LayerNorm")
     train.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the global norm; 0 turns it off")
     device = run_skeleton.add_run_arguments(parser, output_dir="runs/bert", checkpoint_every=100)
-    device.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-                        help="autocast dtype; auto: bf16 on CUDA when supported, else fp32")
+    precision.add_arguments(device, cuda_auto="bf16 where the GPU has it, else fp32")
     device.add_argument("--compile", action="store_true", help="torch.compile the encoder")
     elastic.add_elastic_arguments(device, commit_every=10)
     out = parser.add_argument_group("output")
@@ -124,15 +123,9 @@ def model_config(args, metadata, init):
 
 
 def autocast_settings(args, ctx):
-    """(autocast dtype or None, GradScaler on?)."""
-    precision = args.precision
-    if precision == "auto":
-        cuda_bf16 = ctx.device.type == "cuda" and torch.cuda.is_bf16_supported()
-        precision = "bf16" if cuda_bf16 else "fp32"
-    if precision == "fp16" and ctx.device.type != "cuda":
-        raise UsageError("--precision fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
-    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    return dtype, precision == "fp16"
+    """(autocast dtype or None, GradScaler on?); auto: see runtime/precision.py."""
+    chosen = precision.resolve(args.precision, ctx.device.type, cuda_auto="bf16")
+    return chosen.dtype, chosen.scaler
 
 
 def load_init_weights(args, model, init):
@@ -172,10 +165,10 @@ def results(run, tokens):
 def resolved_settings(args, ctx, metadata, config, amp_dtype):
     """Everything that decides what the run computes, frozen (and compared on resume)."""
     architecture = {key: getattr(config, key) for key in bert_models.ARCHITECTURE_KEYS}
-    precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype]
+    name = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype]
     # --elastic: the size changes while the run goes on (and between relaunches); not compared on resume.
     return BertSettings.build(
-        args, precision=precision, world_size="elastic" if args.elastic else ctx.size, architecture=architecture,
+        args, precision=name, world_size="elastic" if args.elastic else ctx.size, architecture=architecture,
         vocab_sha256=metadata["vocab_sha256"], max_seq_length=metadata["max_seq_length"],
         num_instances=metadata["num_instances"],
         model=args.model or ("base" if args.config is None and args.init_checkpoint is None else None))
@@ -247,7 +240,8 @@ def train(run, trainer, meter, setup, world=None):
                                      reading=lambda: ctx.watchdog.phase("reading a shard"))
     run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "
                  f"seq {metadata['max_seq_length']}, {metadata['num_instances']} instances, {ctx.size} rank(s), "
-                 f"global batch {settings.step_batch * ctx.size}, {settings.optimizer}, {settings.precision}")
+                 f"global batch {settings.step_batch * ctx.size}, {settings.optimizer}, "
+                 f"{precision.describe(settings.precision, ctx.device.type)}")
     tokens = Throughput()
     trainer.model.train()
     while state.step < settings.steps:
@@ -262,7 +256,7 @@ def train(run, trainer, meter, setup, world=None):
         first_compiled = settings.compile and not tokens.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():
             micro_batches = (data.batch(state.step_in_epoch, micro) for micro in range(settings.accumulation_steps))
-            sequences = trainer.train_step(micro_batches, meter, run.nonfinite)
+            sequences = trainer.train_step(micro_batches, meter, run.nonfinite, run.stragglers.timer)
         tokens.step(trainer.last_tokens)
         reason = run.step_done(sequences)
         if state.step == 1 or state.step % settings.log_every == 0 or state.step == settings.steps:

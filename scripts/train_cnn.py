@@ -23,7 +23,7 @@ from hvdtrain.data import images
 from hvdtrain.data.sampling import ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
 from hvdtrain.errors import UsageError
 from hvdtrain.models import resnet
-from hvdtrain.runtime import consistency, dist, elastic, run as run_skeleton, signals
+from hvdtrain.runtime import consistency, dist, elastic, precision, run as run_skeleton, signals
 from hvdtrain.runtime.metrics import SumMeter, rate_text, total_throughput
 from hvdtrain.runtime.run import Run
 from hvdtrain.training import batchnorm, cnn, loaders
@@ -71,7 +71,7 @@ def parse_args(argv=None):
                          help="combine updates with Adasum instead of averaging gradients (needs MPI)")
     horovod.add_argument("--gradient-predivide-factor", type=cli.positive_float, default=1.0,
                          help="divide gradients by this before the sum and by size/factor after")
-    horovod.add_argument("--amp", action=flag, help="mixed precision (default: on with CUDA)")
+    precision.add_arguments(horovod, cuda_auto="fp16 (with a GradScaler)", amp_alias=True)
     horovod.add_argument("--channels-last", action=flag, help="NHWC layout (default: on with CUDA)")
     elastic.add_elastic_arguments(horovod, commit_every=20)
     return parser.parse_args(argv)
@@ -88,15 +88,14 @@ def check_args(args, ctx):
     if args.dataset in ("digits", "synthetic") and args.data:
         raise UsageError(f"--data is not used with --dataset {args.dataset}")
     cuda = ctx.device.type == "cuda"
-    if args.amp and not cuda:
-        raise UsageError("--amp needs a CUDA device (none is in use)")
+    chosen = precision.resolve(args.precision, ctx.device.type, cuda_auto="fp16")  # fp16 needs CUDA
     if args.use_adasum and not hvd.mpi_enabled():
         raise UsageError("--use-adasum needs MPI: launch with mpirun or horovodrun --mpi, not --gloo")
-    if args.amp and args.use_adasum:
-        raise UsageError("--use-adasum does not support --amp (GradScaler must see averaged gradients)")
+    if chosen.scaler and args.use_adasum:
+        raise UsageError("--use-adasum does not support fp16 (GradScaler must see averaged gradients)")
     if args.sync_bn and not cuda:
         raise UsageError("--sync-bn needs CUDA: Horovod's SyncBatchNorm only runs on GPUs")
-    return {"amp": cuda if args.amp is None else args.amp,
+    return {"precision": chosen.name,
             "channels_last": cuda if args.channels_last is None else args.channels_last,
             "workers": (4 if args.dataset == "imagefolder" else 0) if args.workers is None else args.workers}
 
@@ -162,9 +161,9 @@ def main():
         gradient_predivide_factor=settings.gradient_predivide_factor)
     # --elastic: the LR schedule counts samples, whose number per epoch no world size changes.
     scheduler = cnn.build_schedule(settings, optimizer, len(train_set) if settings.elastic else steps_per_epoch)
-    trainer = cnn.Trainer(model, optimizer, scheduler, torch.amp.GradScaler(ctx.device.type, enabled=settings.amp),
+    trainer = cnn.Trainer(model, optimizer, scheduler, precision.scaler(settings.precision, ctx.device),
                           torch.nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing), ctx.device,
-                          settings.amp, settings.channels_last, settings.accumulation_steps, settings.use_adasum)
+                          settings.precision, settings.channels_last, settings.accumulation_steps, settings.use_adasum)
 
     meter = SumMeter("train_loss", "train_top1")
     components = trainer.components()
@@ -199,7 +198,7 @@ def train(run, trainer, datasets, meter, position=None):
                  f"{settings.num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
                  f"{settings.step_batch} = global batch {global_batch}; lr {cnn.used_lr(settings, ctx):g}; "
                  f"{len(train_set) // global_batch} steps/epoch; device {ctx.device.type}, "
-                 f"amp {'on' if settings.amp else 'off'}"
+                 f"{precision.describe(settings.precision, ctx.device.type)}"
                  + (f"; resuming at {where} (step {state.step})" if state.step else ""))
     started = time.perf_counter()
     while state.epoch < settings.epochs:
@@ -235,10 +234,11 @@ def train_epoch(run, trainer, train_data, meter, position=None):
         batches = iter(loader)
     step_bounds = sampler.steps if position else itertools.repeat(None)  # --elastic: (start, stop) samples
     peak_lr = cnn.used_lr(settings, run.ctx)  # for the current world size
-    for bounds, batch in zip(step_bounds, batches):
+    timer = run.stragglers.timer  # this rank's time in data, compute, comm, optimizer
+    for bounds, batch in zip(step_bounds, timer.timed(batches, "data")):
         if position:
             elastic.follow_schedule(trainer.scheduler, state.epoch * len(train_set) + position.samples, peak_lr)
-        samples = trainer.train_step(batch, meter, run.nonfinite)
+        samples = trainer.train_step(batch, meter, run.nonfinite, timer)
         if position:
             position.samples = bounds[1]
         reason = run.step_done(samples)

@@ -17,6 +17,7 @@ from support.checks import succeeded
 from support.commands import PREPARE, PRETRAIN
 from support.launch import horovodrun, launch, python
 from support.needs import require_module
+from support.ranks import rank_pids
 
 # Small enough for 2 shared cores, large enough to show real learning.
 SMALL_DATA = ["--max-seq-length", "64", "--vocab-size", "4000", "--dupe-factor", "2", "--num-shards", "4"]
@@ -158,23 +159,6 @@ def test_phase2_starts_from_phase1_weights_with_longer_sequences(pretrained, dat
     phase1_start = results(phase1)["initial_mlm_loss"]
     phase2_start = results(tmp_path / "phase2")["initial_mlm_loss"]
     assert phase2_start < 0.85 * phase1_start, (phase1_start, phase2_start)  # trained weights, not random ones
-
-
-def rank_pids(marker, rank):
-    """Python processes of ``rank`` whose command line contains ``marker``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (b"python" in Path(argv[0].decode()).name.encode() and marker.encode() in b" ".join(argv)
-                and f"HOROVOD_RANK={rank}".encode() in environ):
-            pids.append(int(entry.name))
-    return pids
 
 
 def test_signal_to_one_rank_checkpoints_every_rank_and_resumes(data_dir, tmp_path):

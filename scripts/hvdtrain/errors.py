@@ -7,6 +7,8 @@ Exit statuses of every script (one line on stderr says why):
     2  bad input (``UsageError``): the same one line on every rank, printed once
     3  the progress watchdog ended a rank that made no progress (runtime/watchdog.py)
     4  a non-finite loss stopped the run (--nonfinite-loss stop, runtime/nonfinite.py)
+    5  a straggler was found and the run checkpointed (--straggler-action checkpoint-exit,
+       runtime/stragglers.py): relaunch without the host the line names
 
 Every rank parses the same arguments and checks the same input, so bad input
 makes every rank exit 2 on its own; only the first rank prints, so a 64-rank
@@ -23,6 +25,7 @@ FAILED_EXIT = 1
 USAGE_ERROR_EXIT = 2
 WATCHDOG_EXIT = 3
 NONFINITE_EXIT = 4
+STRAGGLER_EXIT = 5
 
 TRACEBACK_ENV = "HVDTRAIN_TRACEBACK"
 # Exiting runs Horovod's shutdown; when a peer is gone it can wait for that peer.

@@ -22,7 +22,6 @@ import horovod.torch as hvd
 
 from hvdtrain.runtime import dist
 from hvdtrain.runtime.checkpoint import Checkpointer, RngState
-from hvdtrain.runtime.settings import Settings
 
 
 class Model(torch.nn.Module):

@@ -169,7 +169,7 @@ def clear_run_outputs(directory):
     """
     directory = Path(directory)
     for stale in [*directory.glob("step-*.pt*"), directory / "best.pt", checksum_path(directory / "best.pt"),
-                  directory / "metrics.jsonl", directory / "results.json"]:
+                  directory / "metrics.jsonl", directory / "stragglers.jsonl", directory / "results.json"]:
         stale.unlink(missing_ok=True)
     shutil.rmtree(directory / "tensorboard", ignore_errors=True)
 

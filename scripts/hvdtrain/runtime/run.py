@@ -18,6 +18,7 @@ cadence, the --elastic commits and the world after a reset, stop requests
 """
 import argparse
 import atexit
+import os
 import resource
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -26,11 +27,11 @@ from pathlib import Path
 import horovod.torch as hvd
 
 from hvdtrain import cli, errors
-from hvdtrain.runtime import dist, elastic, faults, nonfinite, settings as settings_module
+from hvdtrain.runtime import dist, elastic, faults, nonfinite, settings as settings_module, stragglers
 from hvdtrain.runtime.checkpoint import Checkpointer, RngState, clear_run_outputs
 from hvdtrain.runtime.metrics import Throughput, total_throughput
 from hvdtrain.runtime.outdir_lock import OutputDirLock
-from hvdtrain.runtime.runlog import RunLog, drop_rows_after
+from hvdtrain.runtime.runlog import RunLog
 
 
 def add_run_arguments(parser, output_dir, checkpoint_every):
@@ -65,6 +66,7 @@ def add_run_arguments(parser, output_dir, checkpoint_every):
     device.add_argument("--threads", type=cli.positive_int,
                         help="CPU threads per rank (default: cores / ranks on the node)")
     add_horovod_diagnostics(device)
+    stragglers.add_arguments(parser)
     return device
 
 
@@ -128,6 +130,9 @@ class Run:
         # The trainers pass it to optim.finish_step; it reports through the log, open after start().
         self.nonfinite = nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state,
                                                                say=lambda line: self.log.info(line))
+        # Per-rank step timings; the trainers time their sections with self.stragglers.timer.
+        self.stragglers = stragglers.StragglerWatch(settings, ctx.rank, ctx.size)
+        self.straggler_exit = None  # --straggler-action checkpoint-exit: raised after the checkpoint
 
     def launch(self, train):
         """``train()`` once; under --elastic inside ``hvd.elastic.run``, again after every reset."""
@@ -146,6 +151,7 @@ class Run:
         ctx = self.ctx
         ctx.rank, ctx.size, ctx.local_rank, ctx.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
         ctx.watchdog.rank = ctx.rank
+        self.stragglers.follow(ctx.rank, ctx.size)
         if not started:
             return
         if self.log is None or self.log.enabled != ctx.is_main:
@@ -155,7 +161,7 @@ class Run:
             self.log = RunLog(ctx, self.settings.output_dir, self.total_steps, resumed_step=self.state.step)
         elif ctx.is_main:
             # Rows of steps after the commit are written again when those steps are redone.
-            drop_rows_after(self.log.metrics_path, self.state.step)
+            self.log.drop_rows_after(self.state.step)
 
     def start(self):
         """Lock --output-dir, restore from it (or clear it), then open the log; collective."""
@@ -197,11 +203,28 @@ class Run:
         faults.at_step(self.ctx.rank, state.step)  # test-only fault injection (HVDTRAIN_FAULT)
         self.throughput.step(samples)
         self.log.progress(state.step)
+        straggler = self.watch_stragglers()
+        if straggler is not None:
+            return f"--straggler-action checkpoint-exit (rank {straggler.rank} on {straggler.host})"
         if self.last_step <= state.step < self.total_steps:
             return f"--stop-after {self.last_step}"
         if state.step % self.settings.stop_check_every == 0:
             return self.poll_stop_request()
         return None
+
+    def watch_stragglers(self):
+        """Every --straggler-interval steps: the per-rank table, the straggler line; a Straggler to
+        stop for (--straggler-action checkpoint-exit), else None. Collective at those steps."""
+        straggler = self.stragglers.step_done(self.state.step)
+        if self.stragglers.latest and self.stragglers.latest["step"] == self.state.step:
+            self.log.record_ranks(self.stragglers.latest)
+        if straggler is None:
+            return None
+        self.log.info(straggler.line())
+        if self.settings.straggler_action != "checkpoint-exit":
+            return None
+        self.straggler_exit = straggler
+        return straggler
 
     def save_if_due(self, checkpoint_follows=False):
         """After a step: the --elastic commit, then the checkpoint every --checkpoint-every steps.
@@ -239,13 +262,26 @@ class Run:
                       f"{self.settings.output_dir}; to continue, relaunch with the same launcher: "
                       f"python {cli.resume_command()}")
         self.log.close()
+        if self.straggler_exit is not None:
+            self.exit_for_straggler(self.straggler_exit)
+
+    def exit_for_straggler(self, straggler):
+        """After the checkpoint: name the host to leave out (HVDTRAIN_STRAGGLER_FILE too), exit 5 everywhere."""
+        path = os.environ.get(stragglers.STRAGGLER_FILE_VAR)
+        if path and self.ctx.is_main:
+            stragglers.write_host(path, straggler.host)
+        raise stragglers.StragglerExit(
+            f"{straggler.line()}; checkpoint written to {self.settings.output_dir} at step {self.state.step}: "
+            f"relaunch without {straggler.host} to continue")
 
     def rates(self):
         """(total, per worker) samples/s of this launch; 0 where nothing was timed. Collective."""
         return total_throughput(self.throughput.launch_rate() or self.throughput.window_rate())
 
     def write_results(self, results):
-        return self.log.results({**results, "skipped_steps": self.state.skipped_steps})
+        ranks = self.stragglers.summary()  # the latest interval's per-rank timings
+        return self.log.results({**results, "skipped_steps": self.state.skipped_steps,
+                                 **({"ranks": ranks} if ranks else {})})
 
     def stop_after_already_reached(self):
         """True when this launch must not train: --stop-after STEP was reached by an earlier

@@ -28,8 +28,9 @@ class RunLog:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.output_dir / "metrics.jsonl"
+        self.ranks_path = self.output_dir / "stragglers.jsonl"  # timings: they differ from run to run
         if resumed_step:
-            drop_rows_after(self.metrics_path, resumed_step)
+            self.drop_rows_after(resumed_step)
         if tqdm is not None and sys.stderr.isatty():
             self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
         elif total_steps:
@@ -73,6 +74,27 @@ class RunLog:
             for key, value in row.items():
                 if isinstance(value, (int, float)) and key not in ("step", "epoch"):
                     self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+
+    def drop_rows_after(self, step):
+        """Rows of steps after ``step`` (a resume, an --elastic reset): they are written again."""
+        drop_rows_after(self.metrics_path, step)
+        drop_rows_after(self.ranks_path, step)
+
+    def record_ranks(self, interval):
+        """Append an interval's per-rank timing table to stragglers.jsonl, its extremes to TensorBoard."""
+        if not self.enabled:
+            return
+        with open(self.ranks_path, "a") as handle:
+            handle.write(json.dumps(interval) + "\n")
+        if self.writer is not None:
+            ranks, step = interval["ranks"], interval["step"]
+            for name in ("busy", "compute", "data"):
+                self.writer.add_scalar(f"ranks/min_relative_{name}", min(r["relative"][name] for r in ranks), step)
+            self.writer.add_scalar("ranks/min_individual", min(r["individual"] for r in ranks), step)
+            self.writer.add_scalar("ranks/max_waiting", max(r["waiting"] for r in ranks), step)
+            self.writer.add_scalar("ranks/slowest_rank", min(ranks, key=lambda r: r["relative"]["busy"])["rank"],
+                                   step)
             self.writer.flush()
 
     def results(self, results):

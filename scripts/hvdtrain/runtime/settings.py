@@ -35,6 +35,7 @@ OPERATIONAL = {
     "scaled_lr",  # follows from lr, world_size and accumulation_steps, which are compared
     "nonfinite_loss", "max_nonfinite_steps",  # what to do should a loss turn NaN, not what is computed
     "elastic_commit_every",
+    "straggler_interval", "straggler_threshold", "straggler_patience", "straggler_action",  # how to report
 }
 
 
@@ -58,6 +59,11 @@ class Settings:
         if unknown or missing:
             raise TypeError(f"{cls.__name__}: values without a field: {unknown}; fields without a value: {missing}")
         return cls(**{name: _plain(value) for name, value in values.items()})
+
+    @classmethod
+    def saved_as_now(cls, saved):
+        """A checkpoint's settings (a dict) under today's names: a subclass maps a renamed or replaced setting."""
+        return saved
 
     def keys(self):
         return [item.name for item in fields(self)]
@@ -90,6 +96,10 @@ class RunSettings(Settings):
     elastic_commit_every: int
     world_size: Union[int, str]  # "elastic" under --elastic: it changes while the run goes on
     batch_size: int  # per rank and backward pass
+    straggler_interval: int  # runtime/stragglers.py
+    straggler_threshold: float
+    straggler_patience: int
+    straggler_action: str
 
     @property
     def step_batch(self):
@@ -111,6 +121,8 @@ def _plain(value):
 def resume_differences(saved, current):
     """(refused, adjusted): lists of (setting, checkpoint value, new value)."""
     refused, adjusted = [], []
+    if isinstance(current, Settings):
+        saved = current.saved_as_now(saved)
     for name in sorted(set(saved) | set(current.keys())):  # current: Settings or any mapping
         if name in OPERATIONAL:
             continue

@@ -14,6 +14,7 @@ import torch
 from hvdtrain.models import bert as bert_models
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
+from hvdtrain.runtime.stragglers import UNTIMED
 from hvdtrain.training import optim
 
 
@@ -69,23 +70,19 @@ class Trainer:
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
                 "scaler": self.scaler}
 
-    def train_step(self, batch, meter, guard=None):
+    def train_step(self, batch, meter, guard=None, timer=UNTIMED):
         """One optimizer update over the micro-batches in ``batch``; returns the sequences trained.
 
         ``guard``: a nonfinite.NonFiniteGuard (a NaN/Inf loss skips the update
-        on every rank, or stops the run).
+        on every rank, or stops the run); ``timer``: a stragglers.SectionTimer
+        (``batch`` is read lazily: waiting for it is "data").
         """
         sequences = tokens = 0
         self.last_lr = self.optimizer.param_groups[0]["lr"]
         before = meter.state_dict()  # a skipped step adds nothing to the metrics
-        for micro_batch in batch:
-            micro_batch = {k: v.to(self.device, non_blocking=True) for k, v in micro_batch.items()}
-            with torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext():
-                sums = self.objective(micro_batch)
-            loss = bert_models.training_loss(sums) / self.passes
-            if guard is not None:
-                loss = guard.watch(loss)
-            self.scaler.scale(loss).backward()  # Horovod: the allreduce starts after the last micro-batch
+        for micro_batch in timer.timed(batch, "data"):
+            with timer.section("compute"):
+                sums = self.forward_backward(micro_batch, guard)
             meter.add("mlm_loss", sums["mlm_loss"], sums["mlm_count"])
             meter.add("mlm_accuracy", sums["mlm_correct"], sums["mlm_count"])
             meter.add("nsp_loss", sums["nsp_loss"], sums["nsp_count"])
@@ -94,11 +91,22 @@ class Trainer:
             tokens += int(micro_batch["attention_mask"].sum())
         # Horovod: the gradients are averaged here; False: skipped on every rank (a NaN/Inf loss)
         if not optim.finish_step(self.optimizer, self.scaler, self.max_grad_norm, self.model.parameters(),
-                                 guard):
+                                 guard, timer):
             meter.load_state_dict(before)
         self.scheduler.step()  # a skipped step moves the schedule on too, as GradScaler's do
         self.last_tokens = tokens
         return sequences
+
+    def forward_backward(self, micro_batch, guard):
+        """One micro-batch's pretraining sums; its backward pass adds to the gradients."""
+        micro_batch = {k: v.to(self.device, non_blocking=True) for k, v in micro_batch.items()}
+        with torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext():
+            sums = self.objective(micro_batch)
+        loss = bert_models.training_loss(sums) / self.passes
+        if guard is not None:
+            loss = guard.watch(loss)
+        self.scaler.scale(loss).backward()  # Horovod: the allreduce starts after the last micro-batch
+        return sums
 
 
 def build_model(settings, ctx, config):

@@ -15,10 +15,11 @@ import torch.nn.functional as F
 import horovod.torch as hvd
 
 from hvdtrain.models import resnet
-from hvdtrain.runtime import dist
+from hvdtrain.runtime import dist, precision
 from hvdtrain.runtime.metrics import SumMeter, topk_correct
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
+from hvdtrain.runtime.stragglers import UNTIMED
 from hvdtrain.training import optim
 
 
@@ -45,11 +46,19 @@ class CnnSettings(RunSettings):
     label_smoothing: float
     use_adasum: bool
     gradient_predivide_factor: float
-    amp: bool  # resolved: on with CUDA
+    precision: str  # resolved: fp32, bf16 or fp16 (runtime/precision.py; auto: fp16 on CUDA)
     channels_last: bool  # resolved: on with CUDA
     scaled_lr: float  # the LR used: used_lr()
     train_samples: int
     num_classes: int
+
+    @classmethod
+    def saved_as_now(cls, saved):
+        """A checkpoint from before --precision: its ``amp`` on/off was fp16/fp32."""
+        if "amp" in saved and "precision" not in saved:
+            saved = {**saved, "precision": "fp16" if saved["amp"] else "fp32"}
+            del saved["amp"]
+        return saved
 
 
 @dataclass
@@ -66,7 +75,7 @@ class Trainer:
     scaler: object
     criterion: nn.Module
     device: torch.device
-    amp: bool
+    precision: str  # fp32, bf16 or fp16: the autocast dtype (fp16 with the scaler on)
     channels_last: bool
     passes: int  # backward passes per optimizer step
     adasum: bool
@@ -83,15 +92,36 @@ class Trainer:
                 targets.to(self.device, non_blocking=True))
 
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp)
+        dtype = precision.DTYPES[self.precision]
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
 
-    def train_step(self, batch, meter, guard=None):
+    def train_step(self, batch, meter, guard=None, timer=UNTIMED):
         """One optimizer step on ``batch`` = (images, targets); returns the samples trained.
 
-        ``guard``: a nonfinite.NonFiniteGuard (skips or stops on NaN/Inf).
+        ``guard``: a nonfinite.NonFiniteGuard (skips or stops on NaN/Inf);
+        ``timer``: a stragglers.SectionTimer (compute, comm, optimizer).
         """
-        images_batch, targets = self.to_device(*batch)
-        before = meter.state_dict()  # a skipped step adds nothing to the metrics
+        with timer.section("compute"):
+            images_batch, targets = self.to_device(*batch)
+            before = meter.state_dict()  # a skipped step adds nothing to the metrics
+            self.forward_backward(images_batch, targets, meter, guard)
+        self.last_lr = self.optimizer.param_groups[0]["lr"]
+        if self.adasum:
+            # Horovod: Adasum already stepped locally during backward; step()
+            # combines the ranks' weight deltas.
+            with timer.section("comm"):
+                self.optimizer.step()
+            self.optimizer.zero_grad()
+            if guard is not None:
+                guard.skip_step(can_skip=False)  # too late to skip: a non-finite loss stops the run
+        # Horovod: the allreduce finishes here; False: skipped on every rank (a NaN/Inf loss)
+        elif not optim.finish_step(self.optimizer, self.scaler, guard=guard, timer=timer):
+            meter.load_state_dict(before)
+        self.scheduler.step()  # a skipped step moves the schedule on too, as GradScaler's do
+        return len(targets)
+
+    def forward_backward(self, images_batch, targets, meter, guard):
+        """The backward passes of one step; Horovod's allreduce starts during the last."""
         # tensor_split: always `passes` pieces, also of an --elastic step's uneven batch.
         for x, y in zip(images_batch.tensor_split(self.passes), targets.tensor_split(self.passes)):
             with self.autocast():
@@ -104,19 +134,6 @@ class Trainer:
             self.scaler.scale(loss / self.passes).backward()
             meter.add("train_loss", loss.detach().float() * len(y), len(y))
             meter.add("train_top1", topk_correct(logits, y, (1,))[0], len(y))
-        self.last_lr = self.optimizer.param_groups[0]["lr"]
-        if self.adasum:
-            # Horovod: Adasum already stepped locally during backward; step()
-            # combines the ranks' weight deltas.
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-            if guard is not None:
-                guard.skip_step(can_skip=False)  # too late to skip: a non-finite loss stops the run
-        # Horovod: the allreduce finishes here; False: skipped on every rank (a NaN/Inf loss)
-        elif not optim.finish_step(self.optimizer, self.scaler, guard=guard):
-            meter.load_state_dict(before)
-        self.scheduler.step()  # a skipped step moves the schedule on too, as GradScaler's do
-        return len(targets)
 
     @torch.no_grad()
     def evaluate(self, loader):

@@ -5,9 +5,11 @@ from contextlib import nullcontext
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from hvdtrain.runtime.stragglers import UNTIMED
 
 
-def finish_step(optimizer, scaler, max_grad_norm=0.0, parameters=(), guard=None):
+
+def finish_step(optimizer, scaler, max_grad_norm=0.0, parameters=(), guard=None, timer=UNTIMED):
     """Step after the backward passes: the same code for Horovod, DDP and one process.
 
     A Horovod DistributedOptimizer is synchronised first (the gradient
@@ -18,10 +20,17 @@ def finish_step(optimizer, scaler, max_grad_norm=0.0, parameters=(), guard=None)
     ``guard`` (a nonfinite.NonFiniteGuard that watched this step's losses):
     the ranks decide together, after the allreduce and before anything uses
     the gradients, whether to skip the step. Returns False for a skipped step.
+    ``timer`` (runtime/stragglers.py): the wait is "comm", the rest "optimizer".
     """
     horovod = hasattr(optimizer, "synchronize")
     if horovod:
-        optimizer.synchronize()  # Horovod: wait for the averaged gradients
+        with timer.section("comm"):
+            optimizer.synchronize()  # Horovod: wait for the averaged gradients
+    with timer.section("optimizer"):
+        return _step(optimizer, scaler, max_grad_norm, parameters, guard, horovod)
+
+
+def _step(optimizer, scaler, max_grad_norm, parameters, guard, horovod):
     if guard is not None and guard.skip_step():
         optimizer.zero_grad()  # every rank drops the (non-finite) averaged gradients
         return False

@@ -1,0 +1,240 @@
+"""Straggler detection: which rank is slow, in which part of its step, on which host.
+
+Synchronous data parallelism runs at the speed of its slowest rank. Each rank
+times the parts of its own steps (``SectionTimer``): waiting for ``data``,
+``compute`` (forward and backward), ``comm`` (waiting for the gradient
+allreduce: the transfer plus waiting for slower peers) and the ``optimizer``
+step. Every --straggler-interval steps one allgather of a few numbers per rank
+brings every rank's sums to every rank; each rank computes the same scores from
+the same numbers, so an action (checkpoint and exit) happens on every rank at
+the same step without another collective.
+
+Scores, as in NVIDIA's Resiliency Extension (0-1, 1 is best):
+- relative: the fastest rank's time per step in a section over this rank's
+  (0.5: this rank takes twice as long as the fastest);
+- individual: this rank's best interval so far over this interval (0.5: it
+  became twice as slow as it was).
+A difference under 5 % of a step is noise, not a straggler: every score adds
+that much to both times, so a section of microseconds cannot score 0.1.
+"""
+import json
+import socket
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import horovod.torch as hvd
+
+from hvdtrain import cli
+from hvdtrain.errors import STRAGGLER_EXIT, UsageError
+
+SECTIONS = ("data", "compute", "comm", "optimizer")
+BUSY = ("data", "compute", "optimizer")  # the rank's own work; comm is mostly waiting for others
+NOISE_FRACTION = 0.05  # of the median step time, added to both sides of every score
+WARMUP_STEPS = 5  # a launch's first steps pay for allocation and Horovod's negotiation
+ACTIONS = ("warn", "checkpoint-exit")
+STRAGGLER_FILE_VAR = "HVDTRAIN_STRAGGLER_FILE"  # rank 0 writes the straggler's host there (slurm/common.sh)
+
+
+def add_arguments(parser):
+    group = parser.add_argument_group("stragglers (docs/troubleshooting.md#stragglers)")
+    group.add_argument("--straggler-interval", type=cli.non_negative_int, default=100, metavar="STEPS",
+                       help="steps between the per-rank timing reports (0: off)")
+    group.add_argument("--straggler-threshold", type=cli.fraction, default=0.8,
+                       help="a rank whose relative score stays below this is a straggler")
+    group.add_argument("--straggler-patience", type=cli.positive_int, default=3, metavar="INTERVALS",
+                       help="intervals in a row below the threshold before acting")
+    group.add_argument("--straggler-action", choices=ACTIONS, default="warn",
+                       help="warn: one line naming the rank and host; checkpoint-exit: also checkpoint and "
+                            f"exit with status {STRAGGLER_EXIT}, so a requeue can leave that host out")
+
+
+class SectionTimer:
+    """Seconds this rank spent in each part of its steps since the last reset."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.seconds = dict.fromkeys(SECTIONS, 0.0)
+        self.steps = 0
+
+    @contextmanager
+    def section(self, name):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - started
+
+    def timed(self, iterable, name="data"):
+        """``iterable``'s items, the time waiting for each counted in ``name``."""
+        iterator = iter(iterable)
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.seconds[name] += time.perf_counter() - started
+            yield item
+
+
+UNTIMED = SectionTimer()  # for callers that time nothing (the benchmark's plain loops)
+
+
+@dataclass
+class Straggler:
+    rank: int
+    host: str
+    section: str  # the section scoring lowest
+    score: float  # its relative score
+    other: str  # the other of data/compute, and its score
+    other_score: float
+    intervals: int
+    speed_fraction: float  # the job's speed now over its speed without this rank
+
+    def line(self):
+        return (f"rank {self.rank} on {self.host} is the straggler: {self.section} {self.score:.2f} of the "
+                f"fastest for {self.intervals} intervals ({self.other} {self.other_score:.2f}); the job runs "
+                f"at ~{100 * self.speed_fraction:.0f} % of its speed without it")
+
+
+class StragglerExit(UsageError):
+    """--straggler-action checkpoint-exit: every rank exits STRAGGLER_EXIT after the checkpoint."""
+
+    exit_status = STRAGGLER_EXIT
+
+    def __init__(self, message):
+        super().__init__(message, on_every_rank=True)
+
+
+def scores(per_step, best_busy=None):
+    """The interval's table from every rank's seconds per step: a list of dicts, one per rank.
+
+    ``per_step``: [{section: seconds per step}] in rank order; ``best_busy``:
+    each rank's best busy time per step before this interval (None: none yet).
+    """
+    busy = [sum(times[s] for s in BUSY) for times in per_step]
+    steps = [b + times["comm"] for b, times in zip(busy, per_step)]
+    noise = NOISE_FRACTION * statistics.median(steps)
+    fastest = {s: min(times[s] for times in per_step) for s in SECTIONS}
+    fastest_busy = min(busy)
+    table = []
+    for rank, times in enumerate(per_step):
+        row = {"rank": rank, **{f"{s}_s": times[s] for s in SECTIONS}, "step_s": steps[rank]}
+        row["relative"] = {s: (fastest[s] + noise) / (times[s] + noise) for s in ("data", "compute")}
+        row["relative"]["busy"] = (fastest_busy + noise) / (busy[rank] + noise)
+        best = busy[rank] if best_busy is None else min(best_busy[rank], busy[rank])
+        row["individual"] = (best + noise) / (busy[rank] + noise)
+        row["best_busy_s"] = best
+        row["waiting"] = (times["comm"] - fastest["comm"]) / steps[rank] if steps[rank] else 0.0
+        table.append(_rounded(row))
+    return table
+
+
+def _rounded(value):
+    """Microseconds and 4-digit scores are all a reader needs (stragglers.jsonl stays small)."""
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    return round(value, 6) if isinstance(value, float) else value
+
+
+def speed_without(table, rank):
+    """The job's speed now over its speed without ``rank``: the step follows the slowest busy rank."""
+    busy = [row["step_s"] - row["comm_s"] for row in table]
+    transfer = min(row["comm_s"] for row in table)  # the slowest rank waits for no one
+    others = [b for r, b in enumerate(busy) if r != rank]
+    if not others:
+        return 1.0
+    return (max(others) + transfer) / (max(busy) + transfer)
+
+
+class StragglerWatch:
+    """Times this rank's steps and, every ``interval`` steps, scores every rank. Collective."""
+
+    def __init__(self, settings, rank, size, say=print):
+        self.interval = settings.straggler_interval
+        self.threshold = settings.straggler_threshold
+        self.patience = settings.straggler_patience
+        self.action = settings.straggler_action
+        self.say = say  # rank 0's log
+        self.timer = SectionTimer()
+        self.follow(rank, size)
+
+    def follow(self, rank, size):
+        """A new world (a start, an --elastic reset): hosts, bests and streaks start over."""
+        self.rank, self.size = rank, size
+        self.hosts = None
+        self.best_busy = None
+        self.below = [0] * size  # intervals in a row below the threshold
+        self.named = set()  # ranks already named, until they recover
+        self.latest = None  # the latest interval's table
+        self.launch_steps = 0
+        self.timer.reset()
+
+    def step_done(self, step):
+        """After every step; every ``interval`` steps a collective. Returns a Straggler to act on, or None."""
+        self.timer.steps += 1
+        self.launch_steps += 1
+        if self.launch_steps == WARMUP_STEPS:
+            self.timer.reset()  # intervals time steady steps only
+        if not self.interval or self.size < 2 or step % self.interval or self.timer.steps < 2:
+            return None
+        per_step = self._gather()
+        self.timer.reset()
+        table = scores(per_step, self.best_busy)
+        self.best_busy = [row["best_busy_s"] for row in table]
+        for row in table:
+            row["host"] = self.hosts[row["rank"]]
+        self.latest = {"step": step, "ranks": table}
+        return self._verdict(table)
+
+    def _gather(self):
+        if self.hosts is None:
+            # Horovod: every rank's host name, once per world (a few bytes each)
+            self.hosts = hvd.allgather_object(socket.gethostname(), name="hvdtrain.stragglers.hosts")
+        mine = torch.tensor([[self.timer.seconds[s] / self.timer.steps for s in SECTIONS]], dtype=torch.float64)
+        # Horovod: every rank's seconds per step in each section, on every rank
+        gathered = hvd.allgather(mine, name="hvdtrain.stragglers.times")
+        return [dict(zip(SECTIONS, row)) for row in gathered.tolist()]
+
+    def _verdict(self, table):
+        """Streaks below the threshold; the worst rank whose streak reached the patience, once."""
+        for row in table:
+            low = row["relative"]["busy"] < self.threshold
+            self.below[row["rank"]] = self.below[row["rank"]] + 1 if low else 0
+            if not low:
+                self.named.discard(row["rank"])
+        due = [row for row in table if self.below[row["rank"]] >= self.patience and row["rank"] not in self.named]
+        if not due:
+            return None
+        row = min(due, key=lambda r: r["relative"]["busy"])
+        self.named.add(row["rank"])
+        section, other = sorted(("data", "compute"), key=lambda s: row["relative"][s])
+        return Straggler(row["rank"], row["host"], section, row["relative"][section], other,
+                         row["relative"][other], self.below[row["rank"]], speed_without(table, row["rank"]))
+
+    def summary(self):
+        """For results.json: the latest interval's per-rank table (None before the first)."""
+        return self.latest
+
+
+def record(path, latest):
+    """Append the interval's row to ``path`` (stragglers.jsonl; rank 0)."""
+    with open(path, "a") as handle:
+        handle.write(json.dumps(latest) + "\n")
+
+
+def slowest(latest):
+    """(rank, host) of the rank with the lowest busy score in ``latest``."""
+    row = min(latest["ranks"], key=lambda r: r["relative"]["busy"])
+    return row["rank"], row["host"]
+
+
+def write_host(path, host):
+    Path(path).write_text(host + "\n")

@@ -1,0 +1,145 @@
+"""Stragglers: each rank times its steps in parts; a rank slower than the others is named with its host.
+
+The slow rank is real: the cgroup v1 CPU controller limits one rank's process
+to a small fraction of a core once training has started (support/ranks.py).
+"""
+import json
+import socket
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from support.bert_data import make_small_static_data
+from support.checks import the_one_error_line
+from support.commands import CNN, PRETRAIN, QUICK_CNN
+from support.launch import horovodrun, launch, wait_then
+from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
+
+from hvdtrain.runtime.stragglers import SECTIONS, StragglerWatch, scores, speed_without
+
+STRAGGLER_EXIT = 5
+QUICK_WATCH = ["--straggler-interval", "10", "--straggler-patience", "2"]
+SLOW_SHARE = 0.05  # of one core: far below what a healthy rank gets even when the suite loads both cores
+
+
+def times(compute, data=0.001, comm=0.002, optimizer=0.001):
+    return {"data": data, "compute": compute, "comm": comm, "optimizer": optimizer}
+
+
+def watch(patience=2):
+    settings = SimpleNamespace(straggler_interval=10, straggler_threshold=0.8, straggler_patience=patience,
+                               straggler_action="warn")
+    return StragglerWatch(settings, rank=0, size=3)
+
+
+def table(*per_rank):
+    rows = scores(list(per_rank))
+    for row in rows:
+        row["host"] = f"node-{'abc'[row['rank']]}"
+    return rows
+
+
+def test_scores_name_the_slow_section_relative_to_the_fastest_rank():
+    rows = scores([times(0.010), times(0.040, comm=0.001), times(0.010)])
+    assert rows[1]["relative"]["compute"] < 0.3 < 0.95 < rows[0]["relative"]["compute"]
+    assert rows[1]["relative"]["data"] == pytest.approx(1.0)
+    assert rows[0]["relative"]["busy"] == pytest.approx(1.0) and rows[1]["relative"]["busy"] < 0.5
+    # the fast ranks wait in the allreduce for the slow one; the slow one waits for no one
+    assert rows[0]["waiting"] > 0 and rows[1]["waiting"] == 0
+    assert all(set(f"{s}_s" for s in SECTIONS) <= set(row) for row in rows)
+
+
+def test_a_difference_of_microseconds_is_noise_not_a_straggler():
+    rows = scores([times(0.010, data=0.000001), times(0.010, data=0.00002)])
+    assert rows[1]["relative"]["data"] > 0.95
+
+
+def test_individual_score_compares_a_rank_with_its_own_best():
+    first = scores([times(0.010), times(0.010)])
+    later = scores([times(0.010), times(0.020)], best_busy=[row["best_busy_s"] for row in first])
+    assert later[0]["individual"] == pytest.approx(1.0) and later[1]["individual"] < 0.6
+
+
+def test_speed_without_the_slowest_rank():
+    rows = scores([times(0.010, data=0, optimizer=0, comm=0.030), times(0.040, data=0, optimizer=0, comm=0.0)])
+    assert speed_without(rows, 1) == pytest.approx(0.25)  # 10 ms without it, 40 ms with it
+    assert speed_without(rows, 0) == pytest.approx(1.0)
+
+
+def test_a_straggler_is_named_after_patience_intervals_and_once_until_it_recovers():
+    w = watch(patience=2)
+    slow = lambda: table(times(0.010), times(0.010), times(0.030))  # noqa: E731
+    healthy = lambda: table(times(0.010), times(0.010), times(0.010))  # noqa: E731
+    assert w._verdict(slow()) is None
+    found = w._verdict(slow())
+    assert found is not None and (found.rank, found.host, found.section, found.intervals) == (2, "node-c", "compute", 2)
+    assert found.line().startswith("rank 2 on node-c is the straggler: compute 0.3")
+    assert "the job runs at ~41 % of its speed without it" in found.line()  # (12+2)/(32+2) ms
+    assert w._verdict(slow()) is None  # named once
+    assert w._verdict(healthy()) is None
+    assert w._verdict(slow()) is None and w._verdict(slow()) is not None  # slow again: named again
+
+
+def slow_rank_one_once_training(output, share):
+    """Throttle rank 1 to ``share`` of a core once rank 0 holds the output directory's lock."""
+    require_cpu_cgroup()
+    throttled = []
+
+    def throttle():
+        for pid in rank_pids(str(output), rank=1):
+            share.add(pid)
+            throttled.append(pid)
+    wait_then(lambda: (output / "run.lock").exists() and rank_pids(str(output), rank=1), throttle, timeout=240)
+    return throttled
+
+
+def straggler_lines(output):
+    return [line for line in output.splitlines() if "is the straggler" in line and "error:" not in line]
+
+
+def test_a_throttled_rank_is_named_with_its_host_in_the_log_and_the_tables(tmp_path, need_horovod, need_mpi):
+    """mpirun, 2 ranks, rank 1 at 5 % of a core: one line naming it; per-rank tables in the outputs."""
+    out = tmp_path / "run"
+    with cpu_share(SLOW_SHARE) as share:
+        throttled = slow_rank_one_once_training(out, share)
+        run = launch(["mpirun", "-np", "2", "--bind-to", "none", sys.executable, CNN, *QUICK_CNN, "--threads", "1",
+                      "--epochs", "2", "--output-dir", out, *QUICK_WATCH], timeout=300)
+    assert run.returncode == 0 and not run.timed_out and throttled, run.describe()
+    lines = straggler_lines(run.output)
+    assert len(lines) == 1, run.describe()
+    assert f"rank 1 on {socket.gethostname()} is the straggler: " in lines[0], run.describe()
+    intervals = [json.loads(line) for line in (out / "stragglers.jsonl").read_text().splitlines()]
+    assert len(intervals) >= 3 and [i["step"] for i in intervals] == sorted(i["step"] for i in intervals)
+    last = intervals[-1]["ranks"]
+    assert last[1]["relative"]["busy"] < 0.8 <= last[0]["relative"]["busy"], intervals[-1]
+    assert last[0]["waiting"] > last[1]["waiting"], intervals[-1]  # rank 0 waits for rank 1
+    results = json.loads((out / "results.json").read_text())
+    assert [row["rank"] for row in results["ranks"]["ranks"]] == [0, 1]
+
+
+def test_checkpoint_exit_names_the_host_exits_5_and_the_run_resumes(tmp_path, need_horovod):
+    """BERT, horovodrun --gloo: exit status 5 on every rank after a checkpoint, the host in one line and in
+    HVDTRAIN_STRAGGLER_FILE; relaunched on healthy ranks it resumes there and finishes, naming no one."""
+    data = make_small_static_data(tmp_path)
+    out, host_file = tmp_path / "run", tmp_path / "straggler-host"
+    args = [PRETRAIN, "--data", data, "--output-dir", out, "--model", "tiny", "--batch-size", "8",
+            "--steps", "60", "--log-every", "5", "--checkpoint-every", "0", *QUICK_WATCH]
+    with cpu_share(SLOW_SHARE) as share:
+        throttled = slow_rank_one_once_training(out, share)
+        stopped = horovodrun(2, [*args, "--straggler-action", "checkpoint-exit"], timeout=300,
+                             env={"HVDTRAIN_STRAGGLER_FILE": str(host_file)})
+    # horovodrun exits 1 when a rank fails and names the first rank's status
+    assert throttled and stopped.returncode != 0 and not stopped.timed_out, stopped.describe()
+    assert f"Exit code: {STRAGGLER_EXIT}\n" in stopped.output, stopped.describe()
+    line = the_one_error_line(stopped, f"rank 1 on {socket.gethostname()} is the straggler",
+                              "checkpoint written to", f"relaunch without {socket.gethostname()}")
+    assert host_file.read_text().strip() == socket.gethostname(), line
+    step = json.loads((out / "results.json").read_text())["steps"]
+    assert 0 < step < 60 and (out / f"step-{step:09d}.pt").exists(), line
+
+    resumed = horovodrun(2, args, timeout=300)
+    assert resumed.returncode == 0 and not resumed.timed_out, resumed.describe()
+    assert f"resumed from {out} at step {step}" in resumed.output, resumed.describe()
+    assert not straggler_lines(resumed.output), resumed.describe()
+    assert json.loads((out / "results.json").read_text())["steps"] == 60
