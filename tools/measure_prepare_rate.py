@@ -9,7 +9,9 @@ tokenizes, in batches of the preparation's size, with the tokenizer's own thread
 (b) prepare_bert_data.py end to end (its main(), in this process, the vocabulary
 given with --vocab); (c) where (b) spends its time, from timers wrapped around the
 preparation's functions (time inside a nested timed function counts once, for it).
-Prints the rates by input bytes and the fraction (b)/(a). Other options are passed
+The tokenizer's call runs in a
+thread beside the preparation's own (it releases the GIL): (c) counts this
+thread's time waiting for it. Prints the rates by input bytes and the fraction (b)/(a). Other options are passed
 to prepare_bert_data.py (default here: --dupe-factor 1).
 """
 import argparse
@@ -27,21 +29,31 @@ from hvdtrain.data import bert_corpus as corpus
 from hvdtrain.data import bert_data
 from hvdtrain.data import bert_prepare as prepare
 
-# (c): (category, object, attribute) of the functions timed; names a version lacks are skipped.
+try:
+    from hvdtrain.data import bert_instances as instances
+except ImportError:  # a version without it: its functions are skipped
+    instances = None
+
+# (c): (category, object, attribute) of the functions timed; names a version lacks are skipped, so
+# that the same table times earlier versions of the preparation too.
 TIMED = [
     ("read and split lines", corpus, "read_documents"),
-    ("tokenize (Rust + ids)", corpus, "tokenize_documents"),
-    ("tokenize (Rust + ids)", prepare, "tokenize_batch"),
-    ("token store write", prepare.TokenStoreWriter, "add"),
+    ("read and split lines", prepare, "batches"),
+    ("tokenizer (the Rust call, waited for)", prepare, "tokenize_sources"),
+    ("tokenizer (the Rust call, waited for)", corpus, "tokenize_documents"),
+    ("token ids to the store", prepare, "store_batch"),
+    ("token ids to the store", prepare.TokenStoreWriter, "add"),
     ("token store reads", prepare.TokenStore, "document"),
+    ("token store reads", prepare.TokenStore, "document_arrays"),
     ("token store reads", prepare.TokenStore, "random_segment"),
-    ("token store reads", prepare, "read_documents"),
+    ("token store reads", prepare.TokenStore, "random_segment_array"),
     ("instances", corpus, "instances_from_document"),
-    ("instances", prepare, "document_instances"),
+    ("instances", instances, "document_instances"),
     ("masking", corpus, "mask_instance"),
     ("masking", prepare, "mask_rows"),
     ("records to shard parts", prepare.ShardParts, "flush"),
     ("records to shard parts", prepare.ShardParts, "add_rows"),
+    ("records to shard parts", getattr(instances, "RecordBuilder", None), "take"),
     ("shard shuffle", prepare, "shard_records"),
     ("shard shuffle", prepare, "sort_by_bin"),
     ("shard write (HDF5 gzip, sha256)", bert_data, "write_shard"),
@@ -65,7 +77,7 @@ class Breakdown:
             self.stack[-1][2] += elapsed
 
     def wrap(self, owner, name, category):
-        original = getattr(owner, name, None)
+        original = getattr(owner, name, None) if owner is not None else None
         if original is None:
             return
         if inspect.isgeneratorfunction(original):
@@ -123,12 +135,28 @@ def tokenizer_alone(paths, tokenizer, batch):
     return seconds
 
 
+def timed_preparation(breakdown, command):
+    """Seconds of prepare_bert_data.py's main() on ``command``, its functions timed into ``breakdown``."""
+    originals = [(owner, name, getattr(owner, name)) for _, owner, name in TIMED
+                 if owner is not None and hasattr(owner, name)]
+    for category, owner, name in TIMED:
+        breakdown.wrap(owner, name, category)
+    start = time.perf_counter()
+    try:
+        prepare_bert_data.main(command)
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+    return time.perf_counter() - start
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", nargs="+", type=Path, help="text files (default: the embedded corpus repeated)")
     parser.add_argument("--megabytes", type=float, default=12, help="size of the repeated embedded corpus")
     parser.add_argument("--files", type=int, default=1, help="files the repeated corpus is written to")
     parser.add_argument("--vocab-size", type=int, default=4000, help="vocabulary trained on the embedded corpus")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of (a) and (b), alternated; the best is shown")
     args, passed = parser.parse_known_args()
     if "--dupe-factor" not in passed:
         passed += ["--dupe-factor", "1"]
@@ -141,25 +169,25 @@ def main():
     print(f"input: {size:.1f} MB in {len(paths)} file(s); vocabulary {len(tokenizer)}; "
           f"tokenizer threads: {threads}; load average {os.getloadavg()[0]:.1f}", flush=True)
 
-    alone = tokenizer_alone(paths, tokenizer, batch)
-    print(f"(a) tokenizer alone: {alone:.2f} s, {size / alone:.2f} MB/s (batches of {batch} lines)", flush=True)
-
-    breakdown = Breakdown()
-    for category, owner, name in TIMED:
-        breakdown.wrap(owner, name, category)
-    command = ["--input", *map(str, paths), "--vocab", str(vocab), "--output-dir", str(work / "out"), *passed]
-    start = time.perf_counter()
-    prepare_bert_data.main(command)
-    whole = time.perf_counter() - start
-    print(f"(b) whole preparation: {whole:.2f} s, {size / whole:.2f} MB/s "
-          f"(prepare_bert_data.py {' '.join(command)})")
+    breakdowns, command = [], ["--input", *map(str, paths), "--vocab", str(vocab), *passed]
+    alone, whole = [], []
+    for repeat in range(args.repeat):  # alternated, so that both see the same load
+        alone.append(tokenizer_alone(paths, tokenizer, batch))
+        breakdowns.append(Breakdown())
+        whole.append(timed_preparation(breakdowns[-1], [*command, "--output-dir", str(work / f"out{repeat}")]))
+    best = min(range(args.repeat), key=whole.__getitem__)
+    alone, whole, breakdown = min(alone), whole[best], breakdowns[best]
+    print(f"(a) tokenizer alone: {alone:.2f} s, {size / alone:.2f} MB/s (batches of {batch} lines; "
+          f"the best of {args.repeat})")
+    print(f"(b) whole preparation: {whole:.2f} s, {size / whole:.2f} MB/s (the best of {args.repeat}: "
+          f"prepare_bert_data.py {' '.join(command)} --output-dir OUT)")
     print("(c) where it goes:")
     other = whole - sum(breakdown.seconds.values())
     for category, seconds in [*breakdown.seconds.most_common(), ("other (vocabulary, metadata, glue)", other)]:
         print(f"    {category:48s} {seconds:6.2f} s  {100 * seconds / whole:5.1f}%")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"fraction (b)/(a): {alone / whole:.2f}; peak RSS of this process {peak:.0f} MiB; "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"load average {os.getloadavg()[0]:.1f}; input, vocabulary and shards in {work}")
 
 
 if __name__ == "__main__":

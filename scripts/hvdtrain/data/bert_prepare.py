@@ -20,17 +20,20 @@ byte for byte, whatever the number of ranks, and memory holds one chunk of text
 or one shard at a time, never the corpus.
 """
 import bisect
+import functools
 import itertools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from hvdtrain.data import bert_corpus as corpus
+from hvdtrain.data import bert_instances as instances
 
 SCRATCH_DIR = ".prepare-scratch"
-TOKENIZE_CHUNK = 20_000   # sentences per Rust batch call
-FLUSH_ROWS = 8192         # instances buffered before they are appended to the shard parts
+TOKENIZE_BATCH = 20_000   # sentences per Rust batch call
+FLUSH_TOKENS = 1 << 20    # instances buffered (in rows x max_seq_length) before they go to the shard parts
 
 
 # ----------------------------------------------------------------------------- pass 1: token store
@@ -53,42 +56,74 @@ class TokenStoreWriter:
         self.tokens = self.sentences = self.documents = 0
 
     def add(self, documents):
-        """``documents``: lists of non-empty token-id lists; empty documents are skipped."""
+        """``documents``: lists of token-id lists; empty sentences and documents are skipped."""
         documents = [d for d in documents if d]
         sentences = [s for d in documents for s in d]
-        if not sentences:
-            return
         ids = np.fromiter(itertools.chain.from_iterable(sentences), self.dtype)
-        sentence_ends = self.tokens + np.cumsum([len(s) for s in sentences], dtype=np.int64)
-        document_ends = self.sentences + np.cumsum([len(d) for d in documents], dtype=np.int64)
-        ids.tofile(self.handles["tokens"])
+        self.add_arrays(ids, np.array([len(s) for s in sentences], np.int64), [len(d) for d in documents])
+
+    def add_arrays(self, ids, lengths, sentence_counts):
+        """The same from ``ids`` (flat), each sentence's length and each document's sentence count."""
+        kept = lengths > 0
+        if not kept.any():
+            return
+        document_of = np.repeat(np.arange(len(sentence_counts)), sentence_counts)
+        per_document = np.bincount(document_of[kept], minlength=len(sentence_counts))
+        per_document = per_document[per_document > 0]
+        sentence_ends = self.tokens + np.cumsum(lengths[kept], dtype=np.int64)
+        document_ends = self.sentences + np.cumsum(per_document, dtype=np.int64)
+        ids.astype(self.dtype, copy=False).tofile(self.handles["tokens"])
         sentence_ends.tofile(self.handles["sentences"])
         document_ends.tofile(self.handles["documents"])
         self.tokens += len(ids)
-        self.sentences += len(sentences)
-        self.documents += len(documents)
+        self.sentences += len(sentence_ends)
+        self.documents += len(document_ends)
 
     def close(self):
         for handle in self.handles.values():
             handle.close()
 
 
-def tokenize_sources(sources, tokenizer, writer, chunk=TOKENIZE_CHUNK):
+def tokenize_sources(sources, tokenizer, writer, batch=TOKENIZE_BATCH):
     """Tokenize documents from ``sources`` (iterables of documents) into ``writer``, in order.
 
-    Returns the characters of text read. Memory: one chunk of sentences.
+    Returns the characters of text read. Memory: two batches of sentences. The
+    Rust call for one batch runs in a thread (it releases the GIL and uses the
+    tokenizer's own threads) while this one reads the next batch and stores the
+    previous one, so reading and storing hide behind tokenizing.
     """
-    characters, batch, sentences = 0, [], 0
-    for document in itertools.chain.from_iterable(sources):
-        batch.append(document)
-        sentences += len(document)
-        characters += sum(map(len, document))
-        if sentences >= chunk:
-            writer.add(corpus.tokenize_documents(tokenizer, batch))
-            batch, sentences = [], 0
-    if batch:
-        writer.add(corpus.tokenize_documents(tokenizer, batch))
+    backend, characters, pending = tokenizer.backend_tokenizer, 0, None
+    with ThreadPoolExecutor(1) as worker:
+        for documents in batches(itertools.chain.from_iterable(sources), batch):
+            lines = [sentence for document in documents for sentence in document]
+            characters += sum(map(len, lines))
+            encoding = worker.submit(backend.encode_batch_fast, lines, add_special_tokens=False)
+            if pending is not None:
+                store_batch(writer, pending[0], pending[1].result())
+            pending = ([len(d) for d in documents], encoding)
+        if pending is not None:
+            store_batch(writer, pending[0], pending[1].result())
     return characters
+
+
+def batches(documents, sentences):
+    """Whole documents, grouped until a group holds at least ``sentences`` sentences."""
+    group, count = [], 0
+    for document in documents:
+        group.append(document)
+        count += len(document)
+        if count >= sentences:
+            yield group
+            group, count = [], 0
+    if group:
+        yield group
+
+
+def store_batch(writer, sentence_counts, encodings):
+    """One tokenized batch (the Rust call's Encodings, a list per sentence) into the store."""
+    lengths = np.fromiter(map(len, encodings), np.int64, len(encodings))
+    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), writer.dtype, int(lengths.sum()))
+    writer.add_arrays(ids, lengths, sentence_counts)
 
 
 class TokenStore:
@@ -121,17 +156,26 @@ class TokenStore:
 
     def _tokens(self, fds, first, last):
         return np.frombuffer(os.pread(fds["tokens"], (last - first) * self.dtype.itemsize,
-                                      first * self.dtype.itemsize), self.dtype).tolist()
+                                      first * self.dtype.itemsize), self.dtype)
 
     def document(self, index):
         """Document ``index`` as a list of token-id lists."""
+        tokens, ends = self.document_arrays(index)
+        tokens = tokens.tolist()
+        return [tokens[a:b] for a, b in zip(ends, ends[1:])]
+
+    def document_arrays(self, index):
+        """Document ``index`` as (its token ids, a list: 0 and each sentence's end)."""
         fds, first, last = self._sentences(index)
-        ends = self._ends(fds["sentences"], first - 1, last).tolist()
-        tokens = self._tokens(fds, ends[0], ends[-1])
-        return [tokens[a - ends[0]:b - ends[0]] for a, b in zip(ends, ends[1:])]
+        ends = self._ends(fds["sentences"], first - 1, last)
+        return self._tokens(fds, int(ends[0]), int(ends[-1])), (ends - ends[0]).tolist()
 
     def random_segment(self, index, rng, target_length):
         """bert_corpus.segment_from, reading only the sentences it takes."""
+        return self.random_segment_array(index, rng, target_length).tolist()
+
+    def random_segment_array(self, index, rng, target_length):
+        """random_segment as an array."""
         fds, first, last = self._sentences(corpus.other_document_index(index, self.count, rng))
         start = first + rng.randint(0, last - first - 1)
         ends = self._ends(fds["sentences"], start - 1, last)
@@ -159,40 +203,46 @@ class ShardParts:
 
     def __init__(self, scratch, rank, shards, dtype):
         self.scratch, self.rank, self.shards, self.dtype = scratch, rank, shards, dtype
-        self.pending, self.count = [], 0
+        self.count = 0
 
-    def add(self, instances):
-        self.pending.extend(instances)
-        if len(self.pending) >= FLUSH_ROWS:
-            self.flush()
-
-    def flush(self):
-        records = corpus.instances_to_records(self.pending, self.dtype)
+    def add_rows(self, records):
+        """Append ``records`` (the next instances of this rank, in order) to their buckets."""
         for bucket in range(self.shards):
             rows = records[(bucket - self.count) % self.shards::self.shards]
             if len(rows):
                 with open(part_path(self.scratch, self.rank, bucket), "ab") as handle:
                     rows.tofile(handle)
         self.count += len(records)
-        self.pending = []
 
 
 def make_instances(store, documents, options, ids, parts):
-    """Instances of corpus documents ``documents`` (a range) into ``parts``; returns their count."""
+    """Instances of corpus documents ``documents`` (a range) into ``parts``; returns their count.
+
+    Document d's rounds draw from their own generators (bert_corpus.document_rng),
+    static masks right after the round's pairs, as bert_corpus's reference does.
+    """
+    builder = instances.RecordBuilder(parts.dtype, ids)
+    flush_rows = max(1, FLUSH_TOKENS // options.max_seq_length)
     for index in documents:
-        document = store.document(index)
+        tokens, ends = store.document_arrays(index)
+        random_segment = functools.partial(store.random_segment_array, index)
         for round_index in range(options.dupe_factor):
             rng = corpus.document_rng(options.seed, index, round_index)
-            made = corpus.instances_from_document(
-                document, options.max_seq_length, options.short_seq_prob, rng, ids,
-                lambda rng, length: store.random_segment(index, rng, length))
-            if options.masking == "static":
-                for instance in made:
-                    corpus.mask_instance(instance, options.masked_lm_prob, options.max_predictions_per_seq,
-                                         rng, ids)
-            parts.add(made)
-    parts.flush()
+            made = instances.document_instances(tokens, ends, options.max_seq_length, options.short_seq_prob,
+                                                rng, random_segment)
+            builder.add(made, mask_rows(made, options, rng, ids))
+        if len(builder) >= flush_rows:
+            parts.add_rows(builder.take())
+    parts.add_rows(builder.take())
     return parts.count
+
+
+def mask_rows(made, options, rng, ids):
+    """Static masking's draws for one round's instances (None: dynamic masking)."""
+    if options.masking != "static":
+        return None
+    return [instances.mask_draws(a, b, options.masked_lm_prob, options.max_predictions_per_seq, rng, ids)
+            for a, b, _ in made]
 
 
 # ----------------------------------------------------------------------------- pass 3: shards
