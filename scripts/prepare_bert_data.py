@@ -9,14 +9,12 @@ Input: text files (or directories of *.txt) with one sentence or paragraph per
 line and a blank line between documents. Without --input: the English
 documentation that ships with CPython (pydoc_data.topics, ~465k characters).
 
-Under mpirun/srun the work is split across ranks: contiguous input files for
-tokenizing (give at least as many files as ranks), documents for making
-instances, shards for writing. The shards are the same, byte for byte, whatever
-the number of ranks, and within one instance of each other in size; "random
-next" segments come from other documents of the whole corpus. Memory holds a
-chunk of text or one shard at a time (hvdtrain/bert_prepare.py). The output
-format is described in hvdtrain/bert_data.py (SHARD_FORMAT_DOC) and versioned
-in metadata.json.
+Under mpirun/srun the work is split across ranks (hvdtrain/data/bert_prepare.py):
+equal byte ranges of the input for tokenizing, documents for making instances,
+shards for writing; the tokenizer's threads are the node's CPUs divided among
+its ranks. The shards are the same, byte for byte, whatever the number of ranks.
+Memory holds a chunk of text or one shard at a time. The output format is
+described in hvdtrain/data/bert_data.py (SHARD_FORMAT_DOC).
 """
 import atexit
 import itertools
@@ -204,16 +202,6 @@ def lock_output_dir(args, world):
         atexit.register(lock.release)
 
 
-def clear_output(directory):
-    """Remove what an earlier run wrote here (only our own file names)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for path in directory.glob("shard-*.h5"):
-        path.unlink()
-    shutil.rmtree(directory / prepare.SCRATCH_DIR, ignore_errors=True)
-    (directory / bert_data.METADATA).unlink(missing_ok=True)
-    shutil.rmtree(directory / bert_data.TOKENIZER_DIR, ignore_errors=True)
-
-
 def metadata(args, files, tokenizer, shards, world):
     ids = corpus.SpecialIds.of(tokenizer)
     return {
@@ -242,13 +230,14 @@ def main(argv=None):
     args = parse_args(argv)
     world = World()
     start = time.time()
+    threads = prepare.divide_tokenizer_threads(world.local_size())  # before the tokenizer's first call
     files = world.agree_on_errors(check_inputs, args, world)
     world.agree_on_errors(lock_output_dir, args, world)
 
     def rank0_vocabulary():
         if not world.is_main:
             return None
-        clear_output(args.output_dir)
+        prepare.clear_output(args.output_dir)
         return build_vocabulary(args, files)
 
     # The vocabulary is made once, on rank 0, and sent to every rank.
@@ -256,7 +245,8 @@ def main(argv=None):
     tokenizer = corpus.hf_tokenizer(vocab, lowercase)
     if world.is_main:
         corpus.save_tokenizer(tokenizer, args.output_dir / bert_data.TOKENIZER_DIR)
-        world.print0(f"vocabulary: {len(tokenizer)} tokens ({'uncased' if lowercase else 'cased'})")
+        world.print0(f"vocabulary: {len(tokenizer)} tokens ({'uncased' if lowercase else 'cased'}); "
+                     f"tokenizer threads per rank: {threads}")
 
     scratch = args.output_dir / prepare.SCRATCH_DIR
     if world.is_main:

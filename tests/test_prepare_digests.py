@@ -99,3 +99,39 @@ def test_three_ranks_write_the_recorded_shards(name, tmp_path, need_mpi):
     command = ["mpirun", "--oversubscribe", "-np", "3", sys.executable, *case_command(name, tmp_path)]
     succeeded(launch(command, timeout=300))
     assert shard_digests(tmp_path / "data") == DIGESTS[name]
+
+
+@pytest.mark.parametrize("masking", ["dynamic", "static"])
+def test_the_numpy_builder_gives_the_reference_records(masking, tmp_path):
+    """bert_instances (arrays, one vectorised fill) against bert_corpus's per-token reference,
+    in process: documents with special ids inside, one-sentence documents, short sequences."""
+    import numpy as np
+
+    from hvdtrain.data import bert_corpus as corpus
+    from hvdtrain.data import bert_prepare as prepare
+    ids = corpus.SpecialIds(cls=2, sep=3, mask=4, pad=0, vocab_size=1000, first_regular=5)
+    rng = np.random.default_rng(1)
+    documents = [[rng.integers(2, 1000, rng.integers(1, 40)).tolist() for _ in range(rng.integers(1, 12))]
+                 for _ in range(30)]
+    writer = prepare.TokenStoreWriter(prepare.store_prefix(tmp_path, 0), np.uint16)
+    writer.add(documents)
+    writer.close()
+    store = prepare.TokenStore(tmp_path, [len(documents)], np.uint16)
+    options = type("Options", (), dict(dupe_factor=3, seed=5, max_seq_length=24, short_seq_prob=0.3,
+                                       masking=masking, masked_lm_prob=0.15, max_predictions_per_seq=4))
+    dtype = corpus.record_dtype(24, 4, static=masking == "static")
+    parts = prepare.ShardParts(tmp_path, 0, 1, dtype)
+    made = prepare.make_instances(store, range(len(documents)), options, ids, parts)
+    expected = []
+    for index in range(len(documents)):
+        for round_index in range(3):
+            draws = corpus.document_rng(5, index, round_index)
+            instances = corpus.instances_from_document(
+                documents[index], 24, 0.3, draws, ids,
+                lambda r, length: corpus.segment_from(documents, index, r, length))  # noqa: B023
+            for instance in instances if masking == "static" else ():
+                corpus.mask_instance(instance, 0.15, 4, draws, ids)
+            expected += instances
+    records = np.fromfile(prepare.part_path(tmp_path, 0, 0), dtype=dtype)
+    assert made == len(expected) > 100
+    assert records.tobytes() == corpus.instances_to_records(expected, dtype).tobytes()

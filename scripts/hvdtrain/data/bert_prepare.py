@@ -23,17 +23,29 @@ import bisect
 import functools
 import itertools
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from hvdtrain.data import bert_corpus as corpus
+from hvdtrain.data import bert_data
 from hvdtrain.data import bert_instances as instances
 
 SCRATCH_DIR = ".prepare-scratch"
 TOKENIZE_BATCH = 20_000   # sentences per Rust batch call
 FLUSH_TOKENS = 1 << 20    # instances buffered (in rows x max_seq_length) before they go to the shard parts
+
+
+def clear_output(directory):
+    """Remove what an earlier run wrote here (only our own file names)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in directory.glob("shard-*.h5"):
+        path.unlink()
+    shutil.rmtree(directory / SCRATCH_DIR, ignore_errors=True)
+    (directory / bert_data.METADATA).unlink(missing_ok=True)
+    shutil.rmtree(directory / bert_data.TOKENIZER_DIR, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- pass 1: token store
@@ -82,6 +94,19 @@ class TokenStoreWriter:
     def close(self):
         for handle in self.handles.values():
             handle.close()
+
+
+def divide_tokenizer_threads(local_ranks):
+    """Give each of this node's ranks its share of the CPUs it may run on for the tokenizer.
+
+    The Rust tokenizer's thread pool (rayon) takes RAYON_NUM_THREADS, read once
+    when the pool starts (the first batch call); by default one thread per CPU of
+    the process's affinity, so N unbound ranks on a node would run N x CPUs
+    threads. A value already set is kept. Returns the number of threads.
+    """
+    if not os.environ.get("RAYON_NUM_THREADS"):
+        os.environ["RAYON_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // local_ranks))
+    return int(os.environ["RAYON_NUM_THREADS"])
 
 
 def tokenize_sources(sources, tokenizer, writer, batch=TOKENIZE_BATCH):

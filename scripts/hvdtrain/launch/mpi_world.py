@@ -45,6 +45,13 @@ class World:
         if self.is_main:
             print(*args, flush=True)
 
+    def local_size(self):
+        """Ranks on this node (1 without a launcher)."""
+        if self.comm is None:
+            return 1
+        from mpi4py import MPI
+        return self.comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+
     def barrier(self):
         if self.comm is not None:
             self.comm.Barrier()
