@@ -105,6 +105,7 @@ OTHER_PROGRAMS = {
     "slurm/submit_bert_phases.sh": {"--phase1", "--phase2", "--phase1-data", "--phase2-data", "--sbatch"},
     "tools/make_bench_corpus.py": {"--megabytes", "--files"},
     "tools/make_synthetic_shards.py": {"--tokenizer", "--shards", "--rows"},
+    "tools/measure_prepare_rate.py": {"--megabytes", "--repeat"},
 }
 
 

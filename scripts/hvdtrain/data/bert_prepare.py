@@ -24,6 +24,7 @@ import functools
 import itertools
 import os
 import shutil
+import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -176,8 +177,9 @@ class TokenStore:
         """(rank's files, first and last sentence) of document ``index``."""
         rank = bisect.bisect_right(self.starts, index) - 1
         fds, local = self.fds[rank], index - self.starts[rank]
-        first, last = self._ends(fds["documents"], local - 1, local + 1)
-        return fds, int(first), int(last)
+        if local == 0:  # struct, not numpy: two numbers read for every "random next" segment
+            return fds, 0, struct.unpack("=q", os.pread(fds["documents"], 8, 0))[0]
+        return fds, *struct.unpack("=2q", os.pread(fds["documents"], 16, (local - 1) * 8))
 
     def _tokens(self, fds, first, last):
         return np.frombuffer(os.pread(fds["tokens"], (last - first) * self.dtype.itemsize,
@@ -203,7 +205,8 @@ class TokenStore:
         """random_segment as an array."""
         fds, first, last = self._sentences(corpus.other_document_index(index, self.count, rng))
         start = first + rng.randint(0, last - first - 1)
-        ends = self._ends(fds["sentences"], start - 1, last)
+        # Sentences hold a token or more: target_length sentences reach target_length tokens.
+        ends = self._ends(fds["sentences"], start - 1, min(last, start + max(target_length, 1)))
         taken = min(int(np.searchsorted(ends[1:] - ends[0], target_length)) + 1, len(ends) - 1)
         return self._tokens(fds, int(ends[0]), int(ends[taken]))
 
