@@ -21,6 +21,12 @@
 # runs a trap only between commands: a foreground launcher would delay it
 # until training ended.
 #
+# A straggler (--straggler-action checkpoint-exit): the ranks checkpoint and exit
+# with status 5, rank 0 having written the slow rank's node to
+# HVDTRAIN_STRAGGLER_FILE; the job is requeued with that node added to its
+# excluded nodes (requeuehold, update ExcNodeList, release), so the next run
+# resumes from the checkpoint on other nodes.
+#
 # SIGTERM (scancel, preemption, the time limit) makes the ranks checkpoint and
 # exit 0 like USR1, and the trap passes it on like USR1 (without the requeue).
 # But a plain `scancel` or the time limit signals every process of the job,
@@ -136,6 +142,18 @@ hvd_wait_launcher() {
     done
 }
 
+# Requeue this job with node $1 added to its excluded nodes; the next run resumes elsewhere.
+hvd_requeue_without() {
+    local node=$1 excluded
+    excluded=$(scontrol show job "$SLURM_JOB_ID" | grep -o 'ExcNodeList=[^ ]*' | cut -d= -f2)
+    [ "$excluded" = "(null)" ] && excluded=""
+    hvd_log "requeueing job $SLURM_JOB_ID without node $node (a straggler); its next run resumes from the checkpoint"
+    # Held while its excluded nodes change: released, it may start at once.
+    scontrol requeuehold "$SLURM_JOB_ID" &&
+        scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="${excluded:+$excluded,}$node" &&
+        scontrol release "$SLURM_JOB_ID" || { hvd_log "requeue without $node failed: resubmit with --exclude=$node"; exit 1; }
+}
+
 # hvd_run SCRIPT [ARGS...]: run SCRIPT on every rank of the job, requeue on USR1.
 hvd_run() {
     # By absolute path: the job runs in the submit directory, where relative
@@ -156,6 +174,9 @@ hvd_run() {
         "${SLURM_JOB_NUM_NODES:-1} node(s) ${SLURM_JOB_NODELIST}, ${SLURM_NTASKS} ranks," \
         "${OMP_NUM_THREADS} thread(s) each, GPUs ${CUDA_VISIBLE_DEVICES:-none}, launcher $LAUNCHER"
     HVD_REQUEUE=0
+    # Where rank 0 names a straggler's node (on the shared filesystem, like --output-dir).
+    export HVDTRAIN_STRAGGLER_FILE=${HVDTRAIN_STRAGGLER_FILE:-${SLURM_SUBMIT_DIR:-$PWD}/.hvd-straggler-$SLURM_JOB_ID}
+    rm -f "$HVDTRAIN_STRAGGLER_FILE"
     trap hvd_on_usr1 USR1
     trap hvd_on_term TERM
     hvd_log "+ ${HVD_LAUNCH[*]} $PYTHON $HVD_SCRIPT $*"
@@ -166,6 +187,15 @@ hvd_run() {
     trap - USR1 TERM
     hvd_log "launcher exited with status $status"
 
+    # Any status: rank 0 exits 5, but the launcher may report its own (srun 137 after
+    # --kill-on-bad-exit, horovodrun 1); rank 0 writes the file after the checkpoint.
+    if [ -s "$HVDTRAIN_STRAGGLER_FILE" ]; then
+        local straggler
+        straggler=$(head -n 1 "$HVDTRAIN_STRAGGLER_FILE")
+        rm -f "$HVDTRAIN_STRAGGLER_FILE"
+        hvd_requeue_without "$straggler"
+        exit 0
+    fi
     if [ "$HVD_REQUEUE" = 1 ] && [ "$status" -eq 0 ]; then
         hvd_log "requeueing job $SLURM_JOB_ID; its next run resumes from the checkpoint"
         if ! scontrol requeue "$SLURM_JOB_ID"; then

@@ -5,6 +5,7 @@ side (the test node claims 8 CPUs); every wait is bounded.
 """
 import json
 import re
+import socket
 import time
 from datetime import datetime
 from pathlib import Path
@@ -13,9 +14,11 @@ import pytest
 
 from support.bert_data import prepare_bert_data
 from support.image_data import make_image_folder
+from support.commands import QUICK_CNN
 from support.launch import REPO, SCRIPTS, horovodrun, launch
 from support.locks import lock_of
 from support.needs import require_module, require_program
+from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
 from support.slurm_cluster import run
 from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, events,
                                 final_checkpoint, probe_sbatch, send_usr1_to_batch_shell)
@@ -315,3 +318,28 @@ def test_output_dir_lock_across_jobs_and_requeues(slurm_cluster, need_horovod, t
     assert info["JobState"] == "COMPLETED", f"{info}\n{log.read_text()}"
     assert "it was an earlier run of this Slurm job (requeued)" in log.read_text(), log.read_text()
     assert (requeued / "step-000000002.pt").is_file() and not (requeued / "run.lock").exists()
+
+
+def test_a_straggler_requeues_the_job_without_its_node(slurm_cluster, need_horovod, tmp_path):
+    """--straggler-action checkpoint-exit under sbatch: the ranks exit 5 naming the slow rank's node,
+    and the job goes back to the queue with that node excluded (here the only node: it stays pending)."""
+    require_cpu_cgroup()
+    out, log = tmp_path / "run", tmp_path / "job.out"
+    args = [*QUICK_CNN, "--threads", "1", "--epochs", "3", "--output-dir", out, "--straggler-interval", "10",
+            "--straggler-patience", "2", "--straggler-action", "checkpoint-exit"]
+    with cpu_share(0.05) as share:
+        job = submit(slurm_cluster, SLURM / "train_cnn.sbatch", log, args)
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not ((out / "run.lock").exists() and rank_pids(str(out), rank=1)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in rank_pids(str(out), rank=1):
+            share.add(pid)
+        node = slurm_cluster.nodes[0][0]
+        info = slurm_cluster.wait_for(job, lambda i: node in i.get("ExcNodeList", ""), "requeued without its node",
+                                      JOB_TIMEOUT)
+    slurm_cluster.run(["scancel", job], check=False)
+    text = log.read_text()
+    assert f"rank 1 on {socket.gethostname()} is the straggler" in text, text
+    assert f"requeueing job {job} without node {node} (a straggler)" in text, text
+    assert info["JobState"] == "PENDING" and info.get("Restarts") == "1", info
+    assert 0 < json.loads((out / "results.json").read_text())["steps"], text
