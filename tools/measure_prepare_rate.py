@@ -175,6 +175,7 @@ def main():
         alone.append(tokenizer_alone(paths, tokenizer, batch))
         breakdowns.append(Breakdown())
         whole.append(timed_preparation(breakdowns[-1], [*command, "--output-dir", str(work / f"out{repeat}")]))
+    pairs = sorted(a / b for a, b in zip(alone, whole))  # each (a) with the (b) run right after it
     best = min(range(args.repeat), key=whole.__getitem__)
     alone, whole, breakdown = min(alone), whole[best], breakdowns[best]
     print(f"(a) tokenizer alone: {alone:.2f} s, {size / alone:.2f} MB/s (batches of {batch} lines; "
@@ -186,7 +187,9 @@ def main():
     for category, seconds in [*breakdown.seconds.most_common(), ("other (vocabulary, metadata, glue)", other)]:
         print(f"    {category:48s} {seconds:6.2f} s  {100 * seconds / whole:5.1f}%")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"fraction (b)/(a): {alone / whole:.2f}; peak RSS of this process {peak:.0f} MiB; "
+    print(f"fraction (b)/(a): {alone / whole:.2f} by the best times; run by run "
+          f"{' '.join(f'{pair:.2f}' for pair in pairs)}, median {pairs[len(pairs) // 2]:.2f}")
+    print(f"peak RSS of this process {peak:.0f} MiB; "
           f"load average {os.getloadavg()[0]:.1f}; input, vocabulary and shards in {work}")
 
 
