@@ -95,7 +95,7 @@ def test_cnn_amp_with_gradscaler_and_two_batches_per_allreduce(tmp_path):
     out = tmp_path / "amp"
     run = cnn(["--amp", "--batches-per-allreduce", "2", "--epochs", "1", "--max-steps", "12",
                "--checkpoint-every", "6", "--no-resume"], out)
-    assert "device cuda, amp on" in run.output, run.describe()
+    assert "device cuda, precision fp16 (requested)" in run.output, run.describe()  # --amp: fp16
     state = load(out / "step-000000012.pt")
     # GradScaler was on: its state (the loss scale) is part of the checkpoint.
     assert state["scaler"] and state["scaler"]["scale"] > 0, state["scaler"]

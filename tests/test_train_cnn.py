@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from hvdtrain.runtime import precision
 from support.image_data import make_cifar10, make_image_folder
 from support.launch import RANK_TRACEBACK, SCRIPTS, horovodrun, launch, python
 
@@ -31,7 +32,9 @@ def checkpoint_at(out, step):
 def test_default_data_reaches_95_percent(tmp_path):
     """`make demo`'s command: two workers, every default, embedded digits data."""
     out = tmp_path / "demo"
-    train(2, ["--no-resume"], out, timeout=420)
+    run = train(2, ["--no-resume"], out, timeout=420)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # --precision auto: what this machine runs natively
+    assert f"device {device}, {precision.resolve('auto', device, cuda_auto='fp16').describe()}" in run.output
     results = json.loads((out / "results.json").read_text())
     assert results["val_top1"] >= 0.95, results
     assert results["world_size"] == 2 and results["dataset"] == "digits"

@@ -33,6 +33,9 @@ def add_arguments(modes):
     parser.add_argument("--windows", type=cli.positive_int, default=5, help="timed windows")
     parser.add_argument("--seed", type=cli.non_negative_int, default=42, help="weights and synthetic data")
     parser.add_argument("--amp", action="store_true", help="CUDA: mixed precision (fp16 CNN, bf16 BERT)")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
+                        help="autocast dtype, on any device (fp16: CUDA only); instead of --amp")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (BERT: its encoder)")
     parser.add_argument("--channels-last", action="store_true", help="CNN: channels_last memory layout")
     knobs = parser.add_argument_group("Horovod")
     knobs.add_argument("--fp16-allreduce", action="store_true", help="send gradients as fp16")
@@ -50,6 +53,8 @@ def check_arguments(args):
     if args.baseline and (args.horovod_timeline or args.horovod_autotune or args.horovod_autotune_log
                           or args.fusion_threshold_mb is not None or args.cycle_time_ms is not None):
         cli.fail("Horovod's knobs and diagnostics apply to Horovod runs only (drop --baseline)")
+    if args.amp and args.precision:
+        cli.fail("--amp and --precision: give one of them")
 
 
 def run(args):
@@ -80,7 +85,8 @@ def run(args):
     (cpu_cores,) = backend.sum([timed_cpu / timed_wall / backend.size])
     mean_losses = [value / backend.size for value in backend.sum(losses)]
     knobs = {"model": args.model, "batch_size": args.batch_size, "fp16_allreduce": args.fp16_allreduce,
-             "accumulation_steps": args.accumulation_steps, "amp": args.amp, "channels_last": args.channels_last,
+             "accumulation_steps": args.accumulation_steps, "amp": args.amp, "precision": workload.precision,
+             "compile": args.compile, "channels_last": args.channels_last,
              "image_size": args.image_size,
              "seq_length": args.seq_length if args.model in workloads.BERT_MODELS else None}
     result = {"mode": "train", "unit": f"{workload.unit}/s",

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from hvdtrain.models import bert as bert_models
+from hvdtrain.runtime import precision as precisions
 from hvdtrain.training import cnn, optim
 from hvdtrain.training import bert as bert_training
 from hvdtrain.runtime.metrics import SumMeter
@@ -25,6 +26,13 @@ def build(args, backend):
     return (BertWorkload if args.model in BERT_MODELS else CnnWorkload)(args, backend)
 
 
+def precision_of(args, device, amp):
+    """--precision as given (fp16 needs CUDA), else ``amp`` with --amp on CUDA, else fp32."""
+    if args.precision:
+        return precisions.resolve(args.precision, device.type).name
+    return amp if args.amp and device.type == "cuda" else "fp32"
+
+
 class CnnWorkload:
     """A ResNet step of train_cnn.py on a fixed synthetic batch per rank."""
 
@@ -36,11 +44,12 @@ class CnnWorkload:
             model = model.to(memory_format=torch.channels_last)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         module, optimizer = backend.wrap(model, list(model.named_parameters()), optimizer)
-        amp = args.amp and backend.device.type == "cuda"
+        self.precision = precision_of(args, backend.device, "fp16")
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-        scaler = torch.amp.GradScaler(backend.device.type, enabled=amp)
-        self.trainer = cnn.Trainer(module, optimizer, scheduler, scaler, nn.CrossEntropyLoss(), backend.device,
-                                   amp, args.channels_last, args.accumulation_steps, adasum=False)
+        scaler = precisions.scaler(self.precision, backend.device)
+        self.trainer = cnn.Trainer(torch.compile(module) if args.compile else module, optimizer, scheduler, scaler,
+                                   nn.CrossEntropyLoss(), backend.device, self.precision, args.channels_last,
+                                   args.accumulation_steps, adasum=False)
         generator = torch.Generator().manual_seed(args.seed * 1000 + backend.rank)
         samples = args.batch_size * args.accumulation_steps
         self.images = torch.randn(samples, 3, size, size, generator=generator)
@@ -60,13 +69,14 @@ class BertWorkload:
         config = bert_models.preset_config(BERT_MODELS[args.model], args.vocab_size)
         model = bert_models.build_model(config).to(backend.device)
         optimizer = optim.LAMB(optim.decay_groups(model, 0.01), lr=1e-3)
-        objective, optimizer = backend.wrap(bert_models.PretrainingObjective(model),
+        encoder = torch.compile(model.bert) if args.compile else model.bert  # as training/bert.py build_model
+        objective, optimizer = backend.wrap(bert_models.PretrainingObjective(model, encoder),
                                             list(model.named_parameters()), optimizer)
-        amp = args.amp and backend.device.type == "cuda"
+        self.precision = precision_of(args, backend.device, "bf16")
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         self.trainer = bert_training.Trainer(
-            model, objective, optimizer, scheduler, torch.amp.GradScaler(backend.device.type, enabled=False),
-            backend.device, torch.bfloat16 if amp else None, args.accumulation_steps, max_grad_norm=1.0)
+            model, objective, optimizer, scheduler, precisions.scaler(self.precision, backend.device),
+            backend.device, precisions.DTYPES[self.precision], args.accumulation_steps, max_grad_norm=1.0)
         self.data = SyntheticSequences(args, backend.rank)
         self.samples, self.unit = args.batch_size * args.accumulation_steps, "sequences"
 

@@ -71,7 +71,7 @@ def pretraining_sums(model, batch, encoder=None):
     vocabulary-sized decoder: ~15% of the tokens instead of all of them.
     ``encoder`` is ``model.bert`` or a compiled version of it.
     """
-    encoder = encoder or model.bert
+    encoder = model.bert if encoder is None else encoder  # not `or`: a compiled module has no truth value
     sequence, pooled = encoder(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
                                attention_mask=batch["attention_mask"], return_dict=False)[:2]
     labels = batch["labels"]
