@@ -12,7 +12,6 @@ everything needed to continue at the exact next batch (see --resume).
 """
 import argparse
 import itertools
-import os
 import time
 
 import torch
@@ -20,13 +19,13 @@ import horovod.torch as hvd
 
 from hvdtrain import cli
 from hvdtrain.data import images
-from hvdtrain.data.sampling import ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
+from hvdtrain.data.sampling import BalancedSampler, ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
 from hvdtrain.errors import UsageError
 from hvdtrain.models import resnet
 from hvdtrain.runtime import consistency, dist, elastic, precision, run as run_skeleton, signals
 from hvdtrain.runtime.metrics import SumMeter, rate_text, total_throughput
 from hvdtrain.runtime.run import Run
-from hvdtrain.training import batchnorm, cnn, loaders
+from hvdtrain.training import balance, batchnorm, cnn, loaders
 from hvdtrain.training.cnn import CnnSettings
 
 
@@ -73,31 +72,11 @@ def parse_args(argv=None):
                          help="divide gradients by this before the sum and by size/factor after")
     precision.add_arguments(horovod, cuda_auto="fp16 (with a GradScaler)", amp_alias=True)
     horovod.add_argument("--channels-last", action=flag, help="NHWC layout (default: on with CUDA)")
+    horovod.add_argument("--balance", action="store_true",
+                         help="split each step's global batch among the ranks by their measured speed, "
+                              "re-split every --straggler-interval steps (heterogeneous workers)")
     elastic.add_elastic_arguments(horovod, commit_every=20)
     return parser.parse_args(argv)
-
-
-def check_args(args, ctx):
-    """Flag combinations that cannot work, and the defaults that depend on the device.
-
-    Returns the resolved values; the same verdict on every rank.
-    """
-    elastic.check_launcher(args.elastic)
-    if args.use_adasum and args.gradient_predivide_factor != 1.0:
-        raise UsageError("--gradient-predivide-factor only applies to averaging, not --use-adasum")
-    if args.dataset in ("digits", "synthetic") and args.data:
-        raise UsageError(f"--data is not used with --dataset {args.dataset}")
-    cuda = ctx.device.type == "cuda"
-    chosen = precision.resolve(args.precision, ctx.device.type, cuda_auto="fp16")  # fp16 needs CUDA
-    if args.use_adasum and not hvd.mpi_enabled():
-        raise UsageError("--use-adasum needs MPI: launch with mpirun or horovodrun --mpi, not --gloo")
-    if chosen.scaler and args.use_adasum:
-        raise UsageError("--use-adasum does not support fp16 (GradScaler must see averaged gradients)")
-    if args.sync_bn and not cuda:
-        raise UsageError("--sync-bn needs CUDA: Horovod's SyncBatchNorm only runs on GPUs")
-    return {"precision": chosen.name,
-            "channels_last": cuda if args.channels_last is None else args.channels_last,
-            "workers": (4 if args.dataset == "imagefolder" else 0) if args.workers is None else args.workers}
 
 
 def load_data(args, ctx, workers):
@@ -121,15 +100,6 @@ def load_data(args, ctx, workers):
     return data
 
 
-def data_facts(args, train_set, val_set):
-    """What every rank's data must share beyond the settings' train_samples and num_classes."""
-    facts = {"val_samples": len(val_set)}
-    if isinstance(train_set, images.ImageFolder):  # its files, relative to --data (a per-node path)
-        facts["image_files_sha256"] = consistency.digest(
-            f"{os.path.relpath(path, args.data)} {label}" for path, label in train_set.samples + val_set.samples)
-    return facts
-
-
 def main():
     args = parse_args()
     dist.exit_quietly_on_interrupt()
@@ -139,7 +109,7 @@ def main():
     ctx = dist.init(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
     # Horovod: a check that fails on one rank stops every rank with the same one line
     agree = lambda check, *a: elastic.agree_before_start(args.elastic, check, *a)  # noqa: E731
-    resolved = agree(check_args, args, ctx)
+    resolved = agree(cnn.check_args, args, ctx)
     dist.seed_everything(args.seed)
     train_set, val_set, num_classes, channels = agree(load_data, args, ctx, resolved["workers"])
     # Horovod: the global batch grows with the workers, so does the LR (cnn.used_lr)
@@ -148,38 +118,44 @@ def main():
                                  num_classes=num_classes)
     if not settings.elastic:  # a worker joining an elastic job may make no collective before its sync
         # Horovod: the same job on every rank (settings and data), or one line naming the difference
-        consistency.check_ranks_agree(settings, data_facts(settings, train_set, val_set))
+        consistency.check_ranks_agree(settings, cnn.data_facts(settings, train_set, val_set))
 
     steps_per_epoch = len(train_set) // (ctx.size * settings.step_batch)
     model = cnn.build_model(settings, ctx, num_classes, channels)
     # Horovod: gradients are averaged by allreduce during backward, every `accumulation_steps`
-    # backward passes (or combined by Adasum); fp16 compression on request.
+    # backward passes (or combined by Adasum; --balance: summed, see Trainer.loss_scale);
+    # fp16 compression on request.
     optimizer = hvd.DistributedOptimizer(
         cnn.build_optimizer(settings, model), named_parameters=model.named_parameters(),
         compression=hvd.Compression.fp16 if settings.fp16_allreduce else hvd.Compression.none,
-        backward_passes_per_step=settings.accumulation_steps, op=hvd.Adasum if settings.use_adasum else hvd.Average,
+        backward_passes_per_step=settings.accumulation_steps,
+        op=hvd.Adasum if settings.use_adasum else hvd.Sum if settings.balance else hvd.Average,
         gradient_predivide_factor=settings.gradient_predivide_factor)
     # --elastic: the LR schedule counts samples, whose number per epoch no world size changes.
     scheduler = cnn.build_schedule(settings, optimizer, len(train_set) if settings.elastic else steps_per_epoch)
     trainer = cnn.Trainer(model, optimizer, scheduler, precision.scaler(settings.precision, ctx.device),
                           torch.nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing), ctx.device,
-                          settings.precision, settings.channels_last, settings.accumulation_steps, settings.use_adasum)
+                          settings.precision, settings.channels_last, settings.accumulation_steps, settings.use_adasum,
+                          sum_over=ctx.size * settings.step_batch if settings.balance else None)
 
     meter = SumMeter("train_loss", "train_top1")
     components = trainer.components()
     position = elastic.ElasticPosition() if settings.elastic else None
     if position is not None:
         components["elastic_position"] = position
+    shares = balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps) if settings.balance else None
+    if shares is not None:
+        components["balance"] = shares
     run = Run(ctx, settings, cnn.CnnState(), components, meter, settings.epochs * steps_per_epoch, stop_request,
               per_rank={"batchnorm": batchnorm.OwnStatistics(trainer.model)},
               shared_view=lambda: batchnorm.averaged(trainer.model),
               before_save=(lambda: position.fold(meter)) if position else None)
     # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
     # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
-    run.launch(lambda: train(run, trainer, (train_set, val_set), meter, position))
+    run.launch(lambda: train(run, trainer, (train_set, val_set), meter, position, shares))
 
 
-def train(run, trainer, datasets, meter, position=None):
+def train(run, trainer, datasets, meter, position=None, shares=None):
     """The epochs left, in the current world; --elastic enters again after every reset."""
     settings, state, ctx = run.settings, run.state, run.ctx
     if state.epoch >= settings.epochs:
@@ -187,7 +163,7 @@ def train(run, trainer, datasets, meter, position=None):
     if run.stop_after_already_reached():
         return
     train_set, val_set = datasets
-    sampler, train_loader, val_loader = make_loaders(settings, ctx, train_set, val_set)
+    sampler, train_loader, val_loader = make_loaders(settings, ctx, train_set, val_set, shares)
     global_batch = ctx.size * settings.step_batch
     if position is not None:  # the steps left at this world size
         left = (settings.epochs - state.epoch) * len(train_set) - position.samples
@@ -202,8 +178,9 @@ def train(run, trainer, datasets, meter, position=None):
                  + (f"; resuming at {where} (step {state.step})" if state.step else ""))
     started = time.perf_counter()
     while state.epoch < settings.epochs:
-        run.throughput.start_window()
-        reason = train_epoch(run, trainer, (train_set, sampler, train_loader), meter, position)
+        if state.step_in_epoch == 0:
+            run.throughput.start_window()
+        reason = train_epoch(run, trainer, (train_set, sampler, train_loader), meter, position, shares)
         if position is None:
             finished_epoch = state.step_in_epoch == sampler.batches_per_epoch
         else:
@@ -212,19 +189,21 @@ def train(run, trainer, datasets, meter, position=None):
         if finished_epoch:
             end_epoch(run, trainer, val_loader, meter, position)
         if reason:
-            return run.stop(reason, results(run, time.perf_counter() - started), checkpoint=not finished_epoch)
-    path = run.write_results({**results(run, time.perf_counter() - started), "completed": True})
+            return run.stop(reason, cnn.results(run, time.perf_counter() - started), checkpoint=not finished_epoch)
+    path = run.write_results({**cnn.results(run, time.perf_counter() - started), "completed": True})
     row = state.last_row
     run.log.info(f"val_top1 {row['val_top1']:.4f} val_top5 {row['val_top5']:.4f} "
                  f"{rate_text(run.rates()[0], 'images')}; results in {path}")
     run.log.close()
 
 
-def train_epoch(run, trainer, train_data, meter, position=None):
+def train_epoch(run, trainer, train_data, meter, position=None, shares=None):
     """Train the rest of the current epoch; returns why this launch must stop, or None.
 
     --elastic (``position``): the epoch goes on from its global sample position
     at the current world size, and the LR follows the samples trained.
+    --balance (``shares``): returns early when the shares change; the epoch
+    goes on from the next step with the new split.
     """
     settings, state = run.settings, run.state
     train_set, sampler, loader = train_data
@@ -246,6 +225,9 @@ def train_epoch(run, trainer, train_data, meter, position=None):
             return reason
         run.save_if_due(checkpoint_follows=position.samples == len(train_set) if position
                         else state.step_in_epoch == sampler.batches_per_epoch)  # the epoch's end
+        if shares is not None and run.stragglers.latest_at(state.step) and shares.follow(run.stragglers.latest):
+            run.log.info(f"--balance: samples per rank now {shares.shares} (step {state.step})")
+            return None
     return None
 
 
@@ -274,34 +256,23 @@ def end_epoch(run, trainer, val_loader, meter, position=None):
     run.commit()  # --elastic: an epoch's end is a commit too
 
 
-def make_loaders(settings, ctx, train_set, val_set):
+def make_loaders(settings, ctx, train_set, val_set, shares=None):
     """(sampler, train loader, val loader) for this rank in the current world."""
     # Horovod: rank r trains its own shard of each epoch's order, validates its own share.
-    if settings.elastic:
+    if shares is not None:
+        sampler = BalancedSampler(len(train_set), ctx.rank, shares.shares, settings.seed)
+    elif settings.elastic:
         sampler = ElasticBatchSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed,
                                       min_share=settings.accumulation_steps)
     else:
         sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed)
     cuda = ctx.device.type == "cuda"
-    train_loader = loaders.make_loader(train_set, sampler, None if settings.elastic else settings.step_batch,
+    whole_batches = settings.elastic or shares is not None  # the sampler yields each step's indices
+    train_loader = loaders.make_loader(train_set, sampler, None if whole_batches else settings.step_batch,
                                settings.workers, cuda)
     val_loader = loaders.make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
                              2 * settings.batch_size, settings.workers, cuda)
     return sampler, train_loader, val_loader
-
-
-def results(run, seconds):
-    """results.json: the saved model's latest metrics, this launch's throughput."""
-    settings, state, row = run.settings, run.state, run.state.last_row
-    total_rate, per_worker = run.rates()
-    summary = {key: row.get(key) for key in ("val_top1", "val_top5", "val_loss", "train_loss", "train_top1")}
-    summary.update(images_per_sec=total_rate or row.get("images_per_sec", 0.0),
-                   images_per_sec_per_worker=per_worker or row.get("images_per_sec_per_worker", 0.0),
-                   world_size=run.ctx.size, epochs=row.get("epoch", 0), steps=state.step, model=settings.model,
-                   dataset=settings.dataset, batch_size=settings.batch_size,
-                   global_batch_size=run.ctx.size * settings.step_batch, lr=settings.scaled_lr,
-                   best_val_top1=state.best_top1, seconds=seconds)
-    return summary
 
 
 if __name__ == "__main__":

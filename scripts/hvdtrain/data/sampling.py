@@ -134,3 +134,36 @@ def assign_rows(sizes, rank, size, seed, epoch):
             pieces.append((index, max(start, low) - start, min(stop, high) - start))
         start = stop
     return pieces
+
+
+class BalancedSampler(Sampler):
+    """--balance: each step's global batch split among the ranks in unequal ``shares``.
+
+    Steps and their samples are ShardedSampler's (the epoch's order, cut to
+    whole global batches of ``sum(shares)``); only the cut between ranks
+    moves: rank r takes the samples between the running sums of the shares
+    before it and through it. ``shares`` is read at each ``iter()``, so new
+    shares apply from the next iteration, the same step on every rank.
+    Yields each step's list of indices (a DataLoader ``batch_sampler``).
+    """
+
+    def __init__(self, num_samples, rank, shares, seed):
+        self.num_samples, self.rank, self.shares, self.seed = num_samples, rank, shares, seed
+        self.epoch = self.start_batch = 0
+
+    @property
+    def batches_per_epoch(self):
+        return self.num_samples // sum(self.shares)
+
+    def set_epoch(self, epoch, start_batch=0):
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def __iter__(self):
+        order = epoch_order(self.num_samples, self.seed, self.epoch)
+        global_batch, low = sum(self.shares), sum(self.shares[:self.rank])
+        high = low + self.shares[self.rank]
+        for step in range(self.start_batch, self.batches_per_epoch):
+            yield order[step * global_batch + low:step * global_batch + high].tolist()
+
+    def __len__(self):
+        return self.batches_per_epoch - self.start_batch

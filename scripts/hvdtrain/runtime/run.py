@@ -216,7 +216,7 @@ class Run:
         """Every --straggler-interval steps: the per-rank table, the straggler line; a Straggler to
         stop for (--straggler-action checkpoint-exit), else None. Collective at those steps."""
         straggler = self.stragglers.step_done(self.state.step)
-        if self.stragglers.latest and self.stragglers.latest["step"] == self.state.step:
+        if self.stragglers.latest_at(self.state.step):
             self.log.record_ranks(self.stragglers.latest)
         if straggler is None:
             return None

@@ -219,6 +219,10 @@ class StragglerWatch:
         return Straggler(row["rank"], row["host"], section, row["relative"][section], other,
                          row["relative"][other], self.below[row["rank"]], speed_without(table, row["rank"]))
 
+    def latest_at(self, step):
+        """True when the latest interval's table is of ``step`` (it was made after this step)."""
+        return self.latest is not None and self.latest["step"] == step
+
     def summary(self):
         """For results.json: the latest interval's per-rank table (None before the first)."""
         return self.latest

@@ -5,7 +5,9 @@ DistributedOptimizer, scheduler, scaler), ``train_step(batch, meter, guard)``
 running one optimizer step and returning the samples it trained, and
 ``components()`` naming what a checkpoint holds. scripts/train_cnn.py builds
 one; scripts/benchmark.py times the same step under Horovod, DDP and alone.
+Also the script's argument checks, data facts and results.json summary.
 """
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -14,8 +16,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 import horovod.torch as hvd
 
+from hvdtrain.data import images
+from hvdtrain.errors import UsageError
 from hvdtrain.models import resnet
-from hvdtrain.runtime import dist, precision
+from hvdtrain.runtime import consistency, dist, elastic, precision
 from hvdtrain.runtime.metrics import SumMeter, topk_correct
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
@@ -51,6 +55,7 @@ class CnnSettings(RunSettings):
     scaled_lr: float  # the LR used: used_lr()
     train_samples: int
     num_classes: int
+    balance: bool  # --balance: shares of the global batch follow the ranks' speed
 
     @classmethod
     def saved_as_now(cls, saved):
@@ -58,7 +63,43 @@ class CnnSettings(RunSettings):
         if "amp" in saved and "precision" not in saved:
             saved = {**saved, "precision": "fp16" if saved["amp"] else "fp32"}
             del saved["amp"]
-        return saved
+        return {"balance": False, **saved}  # from before --balance
+
+
+def check_args(args, ctx):
+    """Flag combinations that cannot work, and the defaults that depend on the device.
+
+    Returns the resolved values; the same verdict on every rank.
+    """
+    if args.balance and (args.elastic or args.use_adasum or args.gradient_predivide_factor != 1.0
+                         or not args.straggler_interval):
+        raise UsageError("--balance needs the ranks' timings (--straggler-interval > 0) and plain averaging: "
+                         "not with --elastic, --use-adasum or --gradient-predivide-factor")
+    elastic.check_launcher(args.elastic)
+    if args.use_adasum and args.gradient_predivide_factor != 1.0:
+        raise UsageError("--gradient-predivide-factor only applies to averaging, not --use-adasum")
+    if args.dataset in ("digits", "synthetic") and args.data:
+        raise UsageError(f"--data is not used with --dataset {args.dataset}")
+    cuda = ctx.device.type == "cuda"
+    chosen = precision.resolve(args.precision, ctx.device.type, cuda_auto="fp16")  # fp16 needs CUDA
+    if args.use_adasum and not hvd.mpi_enabled():
+        raise UsageError("--use-adasum needs MPI: launch with mpirun or horovodrun --mpi, not --gloo")
+    if chosen.scaler and args.use_adasum:
+        raise UsageError("--use-adasum does not support fp16 (GradScaler must see averaged gradients)")
+    if args.sync_bn and not cuda:
+        raise UsageError("--sync-bn needs CUDA: Horovod's SyncBatchNorm only runs on GPUs")
+    return {"precision": chosen.name,
+            "channels_last": cuda if args.channels_last is None else args.channels_last,
+            "workers": (4 if args.dataset == "imagefolder" else 0) if args.workers is None else args.workers}
+
+
+def data_facts(args, train_set, val_set):
+    """What every rank's data must share beyond the settings' train_samples and num_classes."""
+    facts = {"val_samples": len(val_set)}
+    if isinstance(train_set, images.ImageFolder):  # its files, relative to --data (a per-node path)
+        facts["image_files_sha256"] = consistency.digest(
+            f"{os.path.relpath(path, args.data)} {label}" for path, label in train_set.samples + val_set.samples)
+    return facts
 
 
 @dataclass
@@ -80,6 +121,7 @@ class Trainer:
     passes: int  # backward passes per optimizer step
     adasum: bool
     last_lr: float = 0.0  # the LR of the latest step
+    sum_over: Optional[int] = None  # --balance: the global batch; Horovod sums the gradients
 
     def components(self):
         """What a checkpoint saves of the step's parts."""
@@ -129,11 +171,16 @@ class Trainer:
                 loss = self.criterion(logits, y)
             if guard is not None:
                 loss = guard.watch(loss)
-            # Horovod: gradients of `passes` backward calls add up locally, then
-            # one allreduce averages them; dividing keeps the loss a mean.
-            self.scaler.scale(loss / self.passes).backward()
+            self.scaler.scale(loss * self.loss_scale(len(y))).backward()
             meter.add("train_loss", loss.detach().float() * len(y), len(y))
             meter.add("train_top1", topk_correct(logits, y, (1,))[0], len(y))
+
+    def loss_scale(self, samples):
+        """Horovod: gradients of `passes` backward calls add up locally, then one allreduce
+        averages them; dividing by `passes` keeps the loss a mean. --balance: ranks hold
+        unequal shares, so each loss counts its samples out of the global batch and the
+        allreduce sums: exactly the mean over the global batch."""
+        return samples / self.sum_over if self.sum_over else 1 / self.passes
 
     @torch.no_grad()
     def evaluate(self, loader):
@@ -186,3 +233,17 @@ def used_lr(settings, ctx):
         return settings.lr * ctx.size * passes
     local = ctx.local_size if ctx.device.type == "cuda" and hvd.nccl_built() else 1
     return settings.lr * passes * local
+
+
+def results(run, seconds):
+    """results.json: the saved model's latest metrics, this launch's throughput."""
+    settings, state, row = run.settings, run.state, run.state.last_row
+    total_rate, per_worker = run.rates()
+    summary = {key: row.get(key) for key in ("val_top1", "val_top5", "val_loss", "train_loss", "train_top1")}
+    summary.update(images_per_sec=total_rate or row.get("images_per_sec", 0.0),
+                   images_per_sec_per_worker=per_worker or row.get("images_per_sec_per_worker", 0.0),
+                   world_size=run.ctx.size, epochs=row.get("epoch", 0), steps=state.step, model=settings.model,
+                   dataset=settings.dataset, batch_size=settings.batch_size,
+                   global_batch_size=run.ctx.size * settings.step_batch, lr=settings.scaled_lr,
+                   best_val_top1=state.best_top1, seconds=seconds)
+    return summary
