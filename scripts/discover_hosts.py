@@ -18,7 +18,9 @@ Inside a Slurm allocation ``--slurm`` lists the allocation's nodes instead
 SLURM_TASKS_PER_NODE slots each): a node whose worker died is let in again
 once Horovod's blacklist cooldown ends (``--blacklist-cooldown-range``).
 A missing or broken file is one line on stderr and exit status 2, which
-horovodrun reports; it never prints a partial host list.
+horovodrun reports; it never prints a partial host list. Hosts listed in the
+file HVDTRAIN_EXCLUDED_HOSTS names are left out: the trainers add a straggler's
+host there (--straggler-action exclude).
 """
 import os
 import sys
@@ -27,6 +29,7 @@ from pathlib import Path
 from hvdtrain.launch import hosts as hostlib
 from hvdtrain.cli import ArgumentParser, positive_int, run_main
 from hvdtrain.errors import UsageError
+from hvdtrain.runtime.stragglers import EXCLUDED_HOSTS_VAR
 
 
 def parse_args(argv=None):
@@ -58,7 +61,16 @@ def main(argv=None):
 
 def print_hosts(hosts):
     # Horovod's discovery format: one "host:slots" per line.
-    sys.stdout.write("".join(f"{host.name}:{host.slots}\n" for host in hosts))
+    excluded = excluded_hosts(os.environ.get(EXCLUDED_HOSTS_VAR))
+    sys.stdout.write("".join(f"{host.name}:{host.slots}\n" for host in hosts if host.name not in excluded))
+
+
+def excluded_hosts(path):
+    """Hosts the trainers excluded as stragglers (--straggler-action exclude), one per line."""
+    try:
+        return set(Path(path).read_text().split()) if path else set()
+    except FileNotFoundError:
+        return set()
 
 
 if __name__ == "__main__":

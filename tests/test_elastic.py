@@ -21,6 +21,7 @@ import sys
 
 from support.bert_data import make_small_static_data
 from support.launch import SCRIPTS, launch, python, wait_then
+from support.ranks import cpu_share, require_cpu_cgroup
 from support.two_hosts import INTERFACE  # the two_hosts session fixture comes from conftest
 
 DIGITS_TRAIN = 1438  # digits samples left for training by the fixed validation split
@@ -260,3 +261,26 @@ def test_elastic_sampler_trains_every_sample_once_across_size_changes():
         trained += [index for batches in per_rank for indices in batches for index in indices]
         position = samplers[0].steps[len(per_rank[0]) - 1][1]
     assert sorted(trained) == list(range(total)) and position == total
+
+
+def test_a_straggler_host_is_excluded_and_training_goes_on_without_it(need_horovod, tmp_path):
+    """--straggler-action exclude: the worker on 127.0.0.1 held to 5 % of a core is named, its host goes
+    into HVDTRAIN_EXCLUDED_HOSTS, discovery stops listing it, and the job finishes on localhost alone,
+    every epoch's samples trained once."""
+    require_cpu_cgroup()
+    hostfile, out, excluded = tmp_path / "hosts", tmp_path / "run", tmp_path / "excluded"
+    write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1")
+    with cpu_share(0.05) as share:
+        wait_then(lambda: rows(out) and worker_pid(out, "127.0.0.1"),
+                  lambda: share.add(worker_pid(out, "127.0.0.1")), 200)
+        ran = launch(elastic_command(hostfile, 2, [*CNN, "--output-dir", out, "--epochs", "4",
+                                                   "--straggler-interval", "10", "--straggler-patience", "2",
+                                                   "--straggler-action", "exclude"]),
+                     timeout=300, env={"HVDTRAIN_EXCLUDED_HOSTS": str(excluded)})
+    assert ran.returncode == 0, ran.describe()
+    assert re.search(r"rank \d on 127\.0\.0\.1 is the straggler: compute", ran.output), ran.describe()
+    assert "--straggler-action exclude: 127.0.0.1 leaves the job" in ran.output, ran.describe()
+    assert excluded.read_text().split() == ["127.0.0.1"]
+    sizes = world_sizes(ran)
+    assert sizes[0] == 2 and sizes[-1] == 1, (sizes, ran.describe())
+    assert_every_epoch_complete(out, 4)

@@ -128,6 +128,17 @@ class Commits(State):
         self.run.follow_world(self.started)
         self.save()
 
+    def reset(self):
+        """After every reset, once the new world has formed (Horovod's ``on_reset``).
+
+        When hosts were only removed, Horovod skips ``sync``: the survivors hold
+        the same commit, but their rank and size changed, so the run follows the
+        new world here too (without this, a job shrunk by discovery went on
+        believing in the old size and trained only part of each epoch).
+        """
+        self._reset_phase.close()
+        self.run.follow_world(self.started)
+
     def _enter_reset_phase(self):
         # Shutting Horovod down and waiting for the new world can take a while: not a stall.
         self._reset_phase.close()

@@ -131,6 +131,7 @@ class Run:
         self.nonfinite = nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state,
                                                                say=lambda line: self.log.info(line))
         # Per-rank step timings; the trainers time their sections with self.stragglers.timer.
+        stragglers.check_settings(settings, os.environ)
         self.stragglers = stragglers.StragglerWatch(settings, ctx.rank, ctx.size)
         self.straggler_exit = None  # --straggler-action checkpoint-exit: raised after the checkpoint
 
@@ -221,6 +222,10 @@ class Run:
         if straggler is None:
             return None
         self.log.info(straggler.line())
+        if self.settings.straggler_action == "exclude" and self.ctx.is_main:
+            # Discovery stops listing the host; Horovod re-forms the world without it at the next commit.
+            stragglers.exclude_host(os.environ[stragglers.EXCLUDED_HOSTS_VAR], straggler.host)
+            self.log.info(f"--straggler-action exclude: {straggler.host} leaves the job")
         if self.settings.straggler_action != "checkpoint-exit":
             return None
         self.straggler_exit = straggler

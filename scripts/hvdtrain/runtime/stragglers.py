@@ -18,6 +18,7 @@ A difference under 5 % of a step is noise, not a straggler: every score adds
 that much to both times, so a section of microseconds cannot score 0.1.
 """
 import json
+import os
 import socket
 import statistics
 import time
@@ -35,12 +36,13 @@ SECTIONS = ("data", "compute", "comm", "optimizer")
 BUSY = ("data", "compute", "optimizer")  # the rank's own work; comm is mostly waiting for others
 NOISE_FRACTION = 0.05  # of the median step time, added to both sides of every score
 WARMUP_STEPS = 5  # a launch's first steps pay for allocation and Horovod's negotiation
-ACTIONS = ("warn", "checkpoint-exit")
+ACTIONS = ("warn", "checkpoint-exit", "exclude")
 STRAGGLER_FILE_VAR = "HVDTRAIN_STRAGGLER_FILE"  # rank 0 writes the straggler's host there (slurm/common.sh)
+EXCLUDED_HOSTS_VAR = "HVDTRAIN_EXCLUDED_HOSTS"  # --elastic: hosts scripts/discover_hosts.py leaves out
 
 
 def add_arguments(parser):
-    group = parser.add_argument_group("stragglers (docs/troubleshooting.md#stragglers)")
+    group = parser.add_argument_group("stragglers (docs/stragglers.md)")
     group.add_argument("--straggler-interval", type=cli.non_negative_int, default=100, metavar="STEPS",
                        help="steps between the per-rank timing reports (0: off)")
     group.add_argument("--straggler-threshold", type=cli.fraction, default=0.8,
@@ -49,7 +51,23 @@ def add_arguments(parser):
                        help="intervals in a row below the threshold before acting")
     group.add_argument("--straggler-action", choices=ACTIONS, default="warn",
                        help="warn: one line naming the rank and host; checkpoint-exit: also checkpoint and "
-                            f"exit with status {STRAGGLER_EXIT}, so a requeue can leave that host out")
+                            f"exit with status {STRAGGLER_EXIT}, so a requeue can leave that host out; exclude "
+                            f"(--elastic): the host leaves the job (added to ${EXCLUDED_HOSTS_VAR}, which "
+                            "discover_hosts.py reads) and training goes on without it")
+
+
+def check_settings(settings, env):
+    """--straggler-action exclude needs --elastic and the excluded-hosts file discovery reads."""
+    if settings.straggler_action == "exclude" and not (settings.elastic and env.get(EXCLUDED_HOSTS_VAR)):
+        raise UsageError(f"--straggler-action exclude needs --elastic and {EXCLUDED_HOSTS_VAR}=FILE in "
+                         "horovodrun's environment (scripts/discover_hosts.py leaves the hosts in FILE out)",
+                         on_every_rank=True)
+
+
+def this_host():
+    """This rank's host as its launcher knows it: horovodrun's name for it (also discovery's), else the
+    machine's host name."""
+    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
 
 
 class SectionTimer:
@@ -197,7 +215,7 @@ class StragglerWatch:
     def _gather(self):
         if self.hosts is None:
             # Horovod: every rank's host name, once per world (a few bytes each)
-            self.hosts = hvd.allgather_object(socket.gethostname(), name="hvdtrain.stragglers.hosts")
+            self.hosts = hvd.allgather_object(this_host(), name="hvdtrain.stragglers.hosts")
         mine = torch.tensor([[self.timer.seconds[s] / self.timer.steps for s in SECTIONS]], dtype=torch.float64)
         # Horovod: every rank's seconds per step in each section, on every rank
         gathered = hvd.allgather(mine, name="hvdtrain.stragglers.times")
@@ -242,3 +260,12 @@ def slowest(latest):
 
 def write_host(path, host):
     Path(path).write_text(host + "\n")
+
+
+def exclude_host(path, host):
+    """Add ``host`` to the excluded-hosts file, atomically (discovery may read it at any moment)."""
+    path = Path(path)
+    listed = path.read_text().split() if path.exists() else []
+    new = path.with_name(path.name + ".new")
+    new.write_text("".join(f"{name}\n" for name in dict.fromkeys([*listed, host])))
+    new.replace(path)
