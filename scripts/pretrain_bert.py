@@ -17,7 +17,6 @@ ranks). --steps is the whole schedule (warmup + polynomial decay);
 changing the schedule, exactly like SIGTERM/SIGUSR1 do. Relaunching with the
 same --output-dir resumes at the same step and sample.
 """
-import math
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -25,11 +24,11 @@ import torch
 import horovod.torch as hvd
 
 from hvdtrain import cli
-from hvdtrain.data import bert_data
+from hvdtrain.data import bert_data, bert_elastic
 from hvdtrain.errors import UsageError
 from hvdtrain.models import bert as bert_models
 from hvdtrain.runtime import checkpoint, consistency, dist, elastic, precision, run as run_skeleton, signals
-from hvdtrain.runtime.metrics import SumMeter, Throughput, rate_text, total_throughput
+from hvdtrain.runtime.metrics import SumMeter, Throughput
 from hvdtrain.runtime.run import Run
 from hvdtrain.training import bert
 from hvdtrain.training.bert import BertSettings
@@ -137,31 +136,6 @@ def load_init_weights(args, model, init):
                          f"{first[0].strip()}") from None
 
 
-def log_row(run, meter, lr):
-    values = meter.reduce("bert")  # Horovod: exact averages over every rank's tokens
-    meter.reset()
-    state = run.state
-    row = {"step": state.step, "epoch": state.epoch, "lr": lr, **values,
-           "mlm_perplexity": math.exp(min(values["mlm_loss"], 50.0))}
-    run.log.record(row, state.step)
-    run.log.info(f"step {state.step:>6} | mlm loss {values['mlm_loss']:.4f} acc {values['mlm_accuracy']:.3f} | "
-                 f"nsp loss {values['nsp_loss']:.4f} acc {values['nsp_accuracy']:.3f} | lr {lr:.3g}")
-    return row
-
-
-def results(run, tokens):
-    seq_total, seq_per_worker = run.rates()
-    tok_total, tok_per_worker = total_throughput(tokens.launch_rate() or tokens.window_rate())
-    state, last, settings = run.state, run.state.last_row, run.settings
-    return {"steps": state.step, "total_steps": settings.steps, "world_size": run.ctx.size,
-            "initial_mlm_loss": state.initial_mlm_loss, "final_mlm_loss": last.get("mlm_loss"),
-            "mlm_accuracy": last.get("mlm_accuracy"), "mlm_perplexity": last.get("mlm_perplexity"),
-            "nsp_loss": last.get("nsp_loss"), "nsp_accuracy": last.get("nsp_accuracy"),
-            "sequences_per_sec": seq_total, "sequences_per_sec_per_worker": seq_per_worker,
-            "tokens_per_sec": tok_total, "tokens_per_sec_per_worker": tok_per_worker,
-            "global_batch": settings.step_batch * run.ctx.size}
-
-
 def resolved_settings(args, ctx, metadata, config, amp_dtype):
     """Everything that decides what the run computes, frozen (and compared on resume)."""
     architecture = {key: getattr(config, key) for key in bert_models.ARCHITECTURE_KEYS}
@@ -209,17 +183,17 @@ def main(argv=None):
 
     meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
     components = trainer.components()
-    world = elastic.EpochWorld() if settings.elastic else None
-    if world is not None:
-        components["epoch_world"] = world
+    position = bert_elastic.BinPosition() if settings.elastic else None  # --elastic: the epoch's global position
+    if position is not None:
+        components["bert_position"] = position
     run = Run(ctx, settings, bert.BertState(), components, meter, settings.steps, stop_request,
               extra={"bert_config": model.config.to_dict(), "vocab_sha256": metadata["vocab_sha256"]})
     # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
     # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
-    run.launch(lambda: train(run, trainer, meter, (metadata, config, init), world))
+    run.launch(lambda: train(run, trainer, meter, (metadata, config, init), position))
 
 
-def train(run, trainer, meter, setup, world=None):
+def train(run, trainer, meter, setup, position=None):
     """The steps left, in the current world; --elastic enters again after every reset."""
     settings, state, ctx = run.settings, run.state, run.ctx
     metadata, config, init = setup
@@ -231,13 +205,10 @@ def train(run, trainer, meter, setup, world=None):
         return run.already_finished()
     if run.stop_after_already_reached():
         return
-    if world is not None:
-        world.follow(state, ctx)
-    # Horovod: rank r reads its own share of each epoch's shards
-    data = bert_data.PretrainingData(settings.data, metadata, ctx.rank, ctx.size, settings.seed,
-                                     settings.batch_size, settings.accumulation_steps, settings.mlm_probability,
-                                     binned=not settings.no_binning,
-                                     reading=lambda: ctx.watchdog.phase("reading a shard"))
+    # Horovod: rank r reads its own share of each epoch's shards (--elastic: of each step's instances)
+    data = bert.training_data(settings, metadata, ctx, position)
+    if position is not None and data.resumed_mid_epoch(state.epoch):
+        ctx.print0(f"elastic: {data.resumed_mid_epoch(state.epoch)} at {ctx.size} rank(s)")
     run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "
                  f"seq {metadata['max_seq_length']}, {metadata['num_instances']} instances, {ctx.size} rank(s), "
                  f"global batch {settings.step_batch * ctx.size}, {settings.optimizer}, "
@@ -257,32 +228,19 @@ def train(run, trainer, meter, setup, world=None):
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():
             micro_batches = (data.batch(state.step_in_epoch, micro) for micro in range(settings.accumulation_steps))
             sequences = trainer.train_step(micro_batches, meter, run.nonfinite, run.stragglers.timer)
+        if position is not None:
+            data.step_done(state.step + 1)  # the step's instances join the position
         tokens.step(trainer.last_tokens)
         reason = run.step_done(sequences)
         if state.step == 1 or state.step % settings.log_every == 0 or state.step == settings.steps:
-            state.last_row = log_row(run, meter, trainer.last_lr)
+            state.last_row = bert.log_row(run, meter, trainer.last_lr)
             if state.step == 1:
                 state.initial_mlm_loss = state.last_row["mlm_loss"]
         if reason:
-            return run.stop(reason, results(run, tokens))
+            return run.stop(reason, bert.results(run, tokens))
         run.save_if_due(checkpoint_follows=state.step == settings.steps)  # the schedule's end
     run.checkpoint()
-    finish(run, tokens, trainer.model, metadata)
-
-
-def finish(run, tokens, model, metadata):
-    """results.json and the Hugging Face export of the trained model."""
-    summary = {**results(run, tokens), "completed": True}
-    with run.ctx.watchdog.phase("exporting the model"):
-        if run.ctx.is_main:
-            tokenizer = bert_data.load_tokenizer(run.settings.data, metadata)
-            summary["export_dir"] = str(bert_models.export(model, tokenizer, run.settings.export_dir))
-            run.log.info(f"exported a Hugging Face model to {run.settings.export_dir}")
-        dist.all_ranks_true(True)  # the other ranks wait here, inside the phase
-    run.write_results(summary)
-    run.log.info(f"finished at step {run.state.step}: {rate_text(summary['sequences_per_sec'], 'sequences')}, "
-                 f"{rate_text(summary['tokens_per_sec'], 'tokens', 0)} on {run.ctx.size} rank(s)")
-    run.log.close()
+    bert.finish(run, tokens, trainer.model, metadata)
 
 
 if __name__ == "__main__":

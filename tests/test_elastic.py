@@ -11,7 +11,8 @@ slot gets a new worker.
 What every test checks in the run's metrics.jsonl: each epoch trained every
 sample of the data set exactly once (``train_samples``, summed over the ranks
 at each commit, so a sample trained twice or lost would change it), whatever
-world sizes the epoch ran at.
+world sizes the epoch ran at. The BERT test counts instances the same way from
+the record each rank writes of the instances it trained (HVDTRAIN_RECORD_INSTANCES).
 """
 import json
 import os
@@ -19,7 +20,7 @@ import re
 import signal
 import sys
 
-from support.bert_data import make_small_static_data
+from support.bert_data import all_instances, make_small_static_data, trained_instances
 from support.launch import SCRIPTS, launch, python, wait_then
 from support.ranks import cpu_share, require_cpu_cgroup
 from support.two_hosts import INTERFACE  # the two_hosts session fixture comes from conftest
@@ -213,29 +214,30 @@ def test_elastic_needs_an_elastic_launch(need_horovod, tmp_path):
     assert "Traceback" not in ran.output, ran.describe()
 
 
-def test_pretrain_bert_survives_a_killed_worker(need_horovod, tmp_path):
-    """BERT --elastic: SIGKILL the rank on 127.0.0.1 after step 10; localhost finishes every step alone."""
-    data = make_small_static_data(tmp_path)
-    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+def test_pretrain_bert_goes_on_mid_epoch_after_a_killed_worker(need_horovod, tmp_path):
+    """BERT --elastic, length bins: rank 1 dies after step 8; the survivor goes back to the commit at
+    step 5, mid-epoch (6 steps an epoch at 2 ranks), and finishes that epoch alone: every instance of
+    every epoch is trained once (the instances each rank trained are recorded), one bin a step."""
+    data = make_small_static_data(tmp_path, bin_size=16)
+    hostfile, out, record = tmp_path / "hosts", tmp_path / "run", tmp_path / "instances"
     write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1")
-    killed = []
-
-    def kill_and_drop():
-        kill_worker(out, "127.0.0.1", killed)
-        write_hosts(hostfile, "localhost slots=1")
-
-    wait_then(lambda: (out / "step-000000010.pt").exists(), kill_and_drop, 200)
     ran = launch(elastic_command(hostfile, 2, [
         SCRIPTS / "pretrain_bert.py", "--elastic", "--data", data, "--output-dir", out, "--model", "tiny",
-        "--batch-size", "8", "--steps", "40", "--log-every", "5", "--checkpoint-every", "10",
-        "--elastic-commit-every", "5"]), timeout=300)
+        "--batch-size", "8", "--steps", "20", "--log-every", "5", "--checkpoint-every", "10",
+        "--elastic-commit-every", "5", "--threads", "1"]), timeout=300,
+        env={"HVDTRAIN_FAULT": "rank=1,step=8,kind=kill", "HVDTRAIN_RECORD_INSTANCES": str(record)})
     assert ran.returncode == 0, ran.describe()
-    assert killed, "the worker on 127.0.0.1 was never found to kill"
     assert re.findall(r"(\d+) rank\(s\), global batch", ran.output) == ["2", "1"], ran.describe()
+    resumed = re.search(r"elastic: epoch 0 goes on from instance (\d+) of 81 at 1 rank\(s\)", ran.output)
+    assert resumed and 0 < int(resumed.group(1)) < 81, ran.describe()
     results = json.loads((out / "results.json").read_text())
-    assert results["completed"] and results["steps"] == 40 and results["world_size"] == 1, results
+    assert results["completed"] and results["steps"] == 20 and results["world_size"] == 1, results
     steps = [row["step"] for row in rows(out)]
-    assert steps == sorted(set(steps)) and steps[-1] == 40, steps  # no step logged twice
+    assert steps == sorted(set(steps)) and steps[-1] == 20, steps  # no step logged twice
+    every, trained = all_instances(data), trained_instances(record)
+    assert sorted(trained) == [0, 1, 2], sorted(trained)  # 11 steps an epoch at 1 rank: epoch 2 unfinished
+    assert sorted(trained[0]) == every and sorted(trained[1]) == every
+    assert len(set(trained[2])) == len(trained[2]) < len(every)
 
 
 def test_discover_hosts_lists_a_slurm_allocation(tmp_path):

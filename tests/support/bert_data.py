@@ -1,16 +1,21 @@
 """Small prepared BERT data sets for the tests (scripts/prepare_bert_data.py, run for real)."""
+import json
+
 from .checks import succeeded
 from .commands import PREPARE
 from .launch import python
 
 
-def make_small_static_data(root, timeout=120):
-    """A few documents from a text file, static masking: an epoch is only a few steps."""
+def make_small_static_data(root, timeout=120, bin_size=None):
+    """A few documents from a text file, static masking: an epoch is only a few steps.
+
+    ``bin_size``: rows grouped in length bins (81 instances: 4 in (32, 48], 77 in (48, 64] at 16)."""
     from hvdtrain.data.bert_corpus import default_corpus_documents
     text = "\n\n".join("\n".join(document[:30]) for document in default_corpus_documents()[:8])
     (root / "corpus.txt").write_text(text + "\n")
     succeeded(python([PREPARE, "--input", root / "corpus.txt", "--output-dir", root / "data", "--max-seq-length",
-                      "64", "--vocab-size", "600", "--dupe-factor", "1", "--num-shards", "2", "--masking", "static"],
+                      "64", "--vocab-size", "600", "--dupe-factor", "1", "--num-shards", "2", "--masking", "static",
+                      *(["--bin-size", bin_size] if bin_size else [])],
                      timeout=timeout))
     return root / "data"
 
@@ -21,3 +26,27 @@ def prepare_bert_data(output_dir, seq_length):
             "--dupe-factor", "1", "--vocab-size", "1000"]
     prepared = python(args, timeout=120)
     assert prepared.returncode == 0, prepared.describe()
+
+
+def all_instances(directory):
+    """"FILE:ROW" of every instance in a prepared directory, sorted."""
+    shards = json.loads((directory / "metadata.json").read_text())["shards"]
+    return sorted(f"{shard['file']}:{row}" for shard in shards for row in range(shard["instances"]))
+
+
+def trained_instances(record):
+    """Epoch -> the instances its steps trained, from the HVDTRAIN_RECORD_INSTANCES file.
+
+    Each rank appends a line per step it trained ("STEP EPOCH SIZE RANK IDS"), in
+    time order; a step redone after a reset appears again later, so each step
+    counts its last SIZE lines (the attempt that was committed).
+    """
+    lines = {}
+    for line in record.read_text().splitlines():
+        step, epoch, size, _, ids = line.split()
+        lines.setdefault(int(step), []).append((int(epoch), int(size), ids.split(",")))
+    trained = {}
+    for step, attempts in sorted(lines.items()):
+        for epoch, _, ids in attempts[-attempts[-1][1]:]:
+            trained.setdefault(epoch, []).extend(ids)
+    return trained

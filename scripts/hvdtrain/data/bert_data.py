@@ -325,15 +325,16 @@ class PretrainingData:
         """Micro-batch ``micro`` of optimizer step ``step`` (counted within the epoch)."""
         b, k = self.schedule[step]
         parts = self.streams[b].rows((k * self.accumulation + micro) * self.micro_batch, self.micro_batch)
+        rng = None if self.static else np.random.default_rng([self.seed, self.epoch, self.rank, step, micro])
+        return self._tensors(parts, b, rng)
+
+    def _tensors(self, parts, b, rng):
+        """The model's tensors from rows of bin ``b`` (``rng``: dynamic masking's draws)."""
         pick = {name: np.concatenate([part[name] for part in parts]) for name in self.names}
         length = self.bins[b][2]
         for name in ("input_ids", "segment_ids", "input_mask"):  # a bin's sequences fit its length
             pick[name] = pick[name][:, :length]
-        if self.static:
-            labels = static_labels(pick)
-        else:
-            rng = np.random.default_rng([self.seed, self.epoch, self.rank, step, micro])
-            labels = dynamic_mask(pick, self.special, self.mlm_probability, rng)
+        labels = static_labels(pick) if self.static else dynamic_mask(pick, self.special, self.mlm_probability, rng)
         return {
             "input_ids": torch.from_numpy(pick["input_ids"].astype(np.int64)),
             "token_type_ids": torch.from_numpy(pick["segment_ids"].astype(np.int64)),

@@ -184,34 +184,6 @@ def follow_schedule(scheduler, progress, peak_lr):
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
-class EpochWorld:
-    """--elastic, for data whose order within an epoch depends on the world size (BERT's shards
-    are split among the ranks): the size the epoch's position was reached at. A checkpoint component.
-
-    At another size the epoch's remaining samples cannot be told apart from the
-    trained ones, so the epoch ends there and the next one starts at the new
-    size: after a resize nothing is trained twice, the rest of that epoch waits
-    for the next (as the remainder that does not fill a step does).
-    """
-
-    def __init__(self):
-        self.size = 0
-
-    def state_dict(self):
-        return {"size": self.size}
-
-    def load_state_dict(self, state):
-        self.size = state["size"]
-
-    def follow(self, state, ctx):
-        """Called on every (re)entry, with the train state that every rank now shares."""
-        if state.step_in_epoch and self.size and self.size != ctx.size:
-            ctx.print0(f"elastic: {ctx.size} rank(s) instead of {self.size}: epoch {state.epoch} ends at "
-                       f"step {state.step_in_epoch} of it; the next starts at the new size")
-            state.next_epoch()
-        self.size = ctx.size
-
-
 @dataclass
 class ElasticPosition:
     """--elastic: where the epoch stands in samples (valid at any world size) and its metric totals.

@@ -5,13 +5,17 @@ the update's micro-batches (--accumulation-steps of them), and returns the
 sequences trained; scripts/pretrain_bert.py builds one with ``build``, and
 scripts/benchmark.py times the same step under Horovod, DDP and alone.
 """
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from hvdtrain.data import bert_data, bert_elastic
 from hvdtrain.models import bert as bert_models
+from hvdtrain.runtime import dist
+from hvdtrain.runtime.metrics import rate_text, total_throughput
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
 from hvdtrain.runtime.stragglers import UNTIMED
@@ -128,3 +132,55 @@ def build_schedule(settings, optimizer):
     """Linear warmup over --warmup-proportion of --steps, then polynomial decay."""
     warmup = round(settings.warmup_proportion * settings.steps)
     return optim.warmup_then_decay(optimizer, warmup, settings.steps, decay="poly", power=settings.poly_power)
+
+
+def training_data(settings, metadata, ctx, position=None):
+    """This rank's batches in the current world: its own share of each epoch's shards, or under
+    --elastic (``position``, a bert_elastic.BinPosition) its slices of the epoch's global order."""
+    args = (settings.data, metadata, ctx.rank, ctx.size, settings.seed, settings.batch_size,
+            settings.accumulation_steps)
+    kwargs = dict(mlm_probability=settings.mlm_probability, binned=not settings.no_binning,
+                  reading=lambda: ctx.watchdog.phase("reading a shard"))
+    if position is None:
+        return bert_data.PretrainingData(*args, **kwargs)
+    return bert_elastic.ElasticPretrainingData(*args, position, **kwargs)
+
+
+def log_row(run, meter, lr):
+    values = meter.reduce("bert")  # Horovod: exact averages over every rank's tokens
+    meter.reset()
+    state = run.state
+    row = {"step": state.step, "epoch": state.epoch, "lr": lr, **values,
+           "mlm_perplexity": math.exp(min(values["mlm_loss"], 50.0))}
+    run.log.record(row, state.step)
+    run.log.info(f"step {state.step:>6} | mlm loss {values['mlm_loss']:.4f} acc {values['mlm_accuracy']:.3f} | "
+                 f"nsp loss {values['nsp_loss']:.4f} acc {values['nsp_accuracy']:.3f} | lr {lr:.3g}")
+    return row
+
+
+def results(run, tokens):
+    seq_total, seq_per_worker = run.rates()
+    tok_total, tok_per_worker = total_throughput(tokens.launch_rate() or tokens.window_rate())
+    state, last, settings = run.state, run.state.last_row, run.settings
+    return {"steps": state.step, "total_steps": settings.steps, "world_size": run.ctx.size,
+            "initial_mlm_loss": state.initial_mlm_loss, "final_mlm_loss": last.get("mlm_loss"),
+            "mlm_accuracy": last.get("mlm_accuracy"), "mlm_perplexity": last.get("mlm_perplexity"),
+            "nsp_loss": last.get("nsp_loss"), "nsp_accuracy": last.get("nsp_accuracy"),
+            "sequences_per_sec": seq_total, "sequences_per_sec_per_worker": seq_per_worker,
+            "tokens_per_sec": tok_total, "tokens_per_sec_per_worker": tok_per_worker,
+            "global_batch": settings.step_batch * run.ctx.size}
+
+
+def finish(run, tokens, model, metadata):
+    """results.json and the Hugging Face export of the trained model."""
+    summary = {**results(run, tokens), "completed": True}
+    with run.ctx.watchdog.phase("exporting the model"):
+        if run.ctx.is_main:
+            tokenizer = bert_data.load_tokenizer(run.settings.data, metadata)
+            summary["export_dir"] = str(bert_models.export(model, tokenizer, run.settings.export_dir))
+            run.log.info(f"exported a Hugging Face model to {run.settings.export_dir}")
+        dist.all_ranks_true(True)  # the other ranks wait here, inside the phase
+    run.write_results(summary)
+    run.log.info(f"finished at step {run.state.step}: {rate_text(summary['sequences_per_sec'], 'sequences')}, "
+                 f"{rate_text(summary['tokens_per_sec'], 'tokens', 0)} on {run.ctx.size} rank(s)")
+    run.log.close()
