@@ -76,6 +76,10 @@ def parse_args(argv=None):
                          help="split each step's global batch among the ranks by their measured speed, "
                               "re-split every --straggler-interval steps (heterogeneous workers)")
     elastic.add_elastic_arguments(horovod, commit_every=20)
+    horovod.add_argument("--global-batch", type=cli.positive_int, metavar="N",
+                         help="--elastic: N samples per step at every world size (each rank's batch is N / "
+                              "workers; the LR and the optimisation do not change with a resize); default: "
+                              "--batch-size x workers, the LR scaled with them")
     return parser.parse_args(argv)
 
 
@@ -123,20 +127,22 @@ def main():
     steps_per_epoch = len(train_set) // (ctx.size * settings.step_batch)
     model = cnn.build_model(settings, ctx, num_classes, channels)
     # Horovod: gradients are averaged by allreduce during backward, every `accumulation_steps`
-    # backward passes (or combined by Adasum; --balance: summed, see Trainer.loss_scale);
+    # backward passes (or combined by Adasum; with --balance or --global-batch ranks hold
+    # unequal shares: summed, each loss a share of the global batch, see Trainer.loss_scale);
     # fp16 compression on request.
+    summed = settings.balance or bool(settings.global_batch)
     optimizer = hvd.DistributedOptimizer(
         cnn.build_optimizer(settings, model), named_parameters=model.named_parameters(),
         compression=hvd.Compression.fp16 if settings.fp16_allreduce else hvd.Compression.none,
         backward_passes_per_step=settings.accumulation_steps,
-        op=hvd.Adasum if settings.use_adasum else hvd.Sum if settings.balance else hvd.Average,
+        op=hvd.Adasum if settings.use_adasum else hvd.Sum if summed else hvd.Average,
         gradient_predivide_factor=settings.gradient_predivide_factor)
     # --elastic: the LR schedule counts samples, whose number per epoch no world size changes.
     scheduler = cnn.build_schedule(settings, optimizer, len(train_set) if settings.elastic else steps_per_epoch)
     trainer = cnn.Trainer(model, optimizer, scheduler, precision.scaler(settings.precision, ctx.device),
                           torch.nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing), ctx.device,
                           settings.precision, settings.channels_last, settings.accumulation_steps, settings.use_adasum,
-                          sum_over=ctx.size * settings.step_batch if settings.balance else None)
+                          sum_over=ctx.size * settings.step_batch if settings.balance else settings.global_batch)
 
     meter = SumMeter("train_loss", "train_top1")
     components = trainer.components()
@@ -164,7 +170,7 @@ def train(run, trainer, datasets, meter, position=None, shares=None):
         return
     train_set, val_set = datasets
     sampler, train_loader, val_loader = make_loaders(settings, ctx, train_set, val_set, shares)
-    global_batch = ctx.size * settings.step_batch
+    global_batch = cnn.global_batch(settings, ctx.size)
     if position is not None:  # the steps left at this world size
         left = (settings.epochs - state.epoch) * len(train_set) - position.samples
         run.log.retarget(state.step + left // global_batch)
@@ -172,7 +178,7 @@ def train(run, trainer, datasets, meter, position=None, shares=None):
              f"epoch {state.epoch} batch {state.step_in_epoch}")
     run.log.info(f"{settings.model} on {settings.dataset}: {len(train_set)} train / {len(val_set)} val images, "
                  f"{settings.num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
-                 f"{settings.step_batch} = global batch {global_batch}; lr {cnn.used_lr(settings, ctx):g}; "
+                 f"{global_batch // ctx.size} = global batch {global_batch}; lr {cnn.used_lr(settings, ctx):g}; "
                  f"{len(train_set) // global_batch} steps/epoch; device {ctx.device.type}, "
                  f"{precision.describe(settings.precision, ctx.device.type)}"
                  + (f"; resuming at {where} (step {state.step})" if state.step else ""))
@@ -263,6 +269,7 @@ def make_loaders(settings, ctx, train_set, val_set, shares=None):
         sampler = BalancedSampler(len(train_set), ctx.rank, shares.shares, settings.seed)
     elif settings.elastic:
         sampler = ElasticBatchSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed,
+                                      global_batch=settings.global_batch,
                                       min_share=settings.accumulation_steps)
     else:
         sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed)

@@ -62,16 +62,16 @@ class ElasticBatchSampler(Sampler):
     Yields each step's list of indices (a DataLoader ``batch_sampler``).
     """
 
-    def __init__(self, num_samples, rank, size, batch_size, seed, min_share=1):
+    def __init__(self, num_samples, rank, size, batch_size, seed, min_share=1, global_batch=None):
         self.num_samples, self.rank, self.size = num_samples, rank, size
         self.batch_size, self.seed, self.min_share = batch_size, seed, min_share
+        self.global_batch = global_batch or size * batch_size  # fixed: the same at every size
         self.epoch, self.steps = 0, []
 
     def set_epoch(self, epoch, position=0):
         """Reseed for ``epoch``; begin at its global sample ``position``."""
         self.epoch = epoch
-        self.steps = global_steps(position, self.num_samples, self.size * self.batch_size,
-                                  self.size * self.min_share)
+        self.steps = global_steps(position, self.num_samples, self.global_batch, self.size * self.min_share)
 
     def __iter__(self):
         order = epoch_order(self.num_samples, self.seed, self.epoch)

@@ -56,6 +56,7 @@ class CnnSettings(RunSettings):
     train_samples: int
     num_classes: int
     balance: bool  # --balance: shares of the global batch follow the ranks' speed
+    global_batch: Optional[int]  # --elastic: samples per step at every world size (None: scaled)
 
     @classmethod
     def saved_as_now(cls, saved):
@@ -63,7 +64,7 @@ class CnnSettings(RunSettings):
         if "amp" in saved and "precision" not in saved:
             saved = {**saved, "precision": "fp16" if saved["amp"] else "fp32"}
             del saved["amp"]
-        return {"balance": False, **saved}  # from before --balance
+        return {"balance": False, "global_batch": None, **saved}  # from before --balance, --global-batch
 
 
 def check_args(args, ctx):
@@ -71,6 +72,9 @@ def check_args(args, ctx):
 
     Returns the resolved values; the same verdict on every rank.
     """
+    if args.global_batch and not args.elastic:
+        raise UsageError("--global-batch keeps a step's samples fixed across resizes: it needs --elastic "
+                         "(without it the global batch is --batch-size x workers)")
     if args.balance and (args.elastic or args.use_adasum or args.gradient_predivide_factor != 1.0
                          or not args.straggler_interval):
         raise UsageError("--balance needs the ranks' timings (--straggler-interval > 0) and plain averaging: "
@@ -222,6 +226,12 @@ def build_schedule(settings, optimizer, schedule_length):
         gamma=settings.lr_gamma)
 
 
+def global_batch(settings, size):
+    """Samples per optimizer step over all ranks: --batch-size x accumulation x workers, or the
+    fixed --global-batch (--elastic: the same at every world size)."""
+    return settings.global_batch or size * settings.batch_size * settings.accumulation_steps  # also of args
+
+
 def used_lr(settings, ctx):
     """Horovod: the global batch grows with the workers, so does the LR (Goyal et al.).
 
@@ -229,8 +239,8 @@ def used_lr(settings, ctx):
     scales by the local GPUs only, where NCCL sums them before Adasum runs.
     """
     passes = settings.accumulation_steps
-    if not settings.use_adasum:
-        return settings.lr * ctx.size * passes
+    if not settings.use_adasum:  # --lr is per --batch-size samples
+        return settings.lr * global_batch(settings, ctx.size) / settings.batch_size
     local = ctx.local_size if ctx.device.type == "cuda" and hvd.nccl_built() else 1
     return settings.lr * passes * local
 
