@@ -8,6 +8,7 @@
     python scripts/benchmark.py scaling --np 1 2 --output-dir runs/scaling -- --model resnet20
     python scripts/benchmark.py compare --np 2 --repeats 3 -- --model bert-mini   # side by side, with ratios
     python scripts/benchmark.py timeline runs/timeline.json   # where the time went (--horovod-timeline)
+    python scripts/benchmark.py predict --model resnet50 --compute-ms 100 --link-gbit 100   # 2-512 nodes
 
 train: synthetic data through the trainers' own models and training steps
 (hvdtrain.training.cnn and .bert Trainer.train_step); warm-up steps are
@@ -22,20 +23,25 @@ plain loops at once (the machine's own weak-scaling ceiling), interleaved for
 --repeats rounds; medians and their ratios in compare.json.
 timeline: totals per activity (negotiation, allreduce, fusion-buffer copies)
 and the number of collectives in a Horovod timeline.
+predict: a model, nothing runs: step time and efficiency on 2 to 512 nodes
+from one worker's compute time, the gradient bytes and a link (ring allreduce,
+tensor fusion, overlap with backward, fp16 compression); --validate checks it
+and each cell's bound against a tools/link_study.py study.json.
 Every result file records the environment and the exact command.
 
 Each mode lives in hvdtrain/bench/: train.py, allreduce.py, scaling.py (scaling
-and compare), timeline.py; backends.py (Horovod, DDP, one process),
+and compare), timeline.py, predict.py and bounds.py (predict --validate); backends.py (Horovod, DDP, one process),
 workloads.py (the trainers' steps) and record.py (statistics, environment, JSON).
 """
 import sys
 from pathlib import Path
 
 from hvdtrain import cli
-from hvdtrain.bench import allreduce, scaling, timeline, train
+from hvdtrain.bench import allreduce, predict, scaling, timeline, train
 
 MODES = {"train": train.run, "allreduce": allreduce.run, "scaling": scaling.run_scaling,
-         "compare": scaling.run_compare, "timeline": timeline.run}
+         "compare": scaling.run_compare, "timeline": timeline.run,
+         "predict": predict.run}
 
 
 def parse_args(argv=None):
@@ -46,6 +52,7 @@ def parse_args(argv=None):
     allreduce.add_arguments(modes)
     scaling.add_arguments(modes, script=Path(__file__).resolve())  # scaling, compare: they launch this train
     timeline.add_arguments(modes)
+    predict.add_arguments(modes)
     argv = sys.argv[1:] if argv is None else argv
     passed = argv[argv.index("--") + 1:] if "--" in argv else []  # after --: for every launched train
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)

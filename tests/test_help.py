@@ -13,7 +13,8 @@ from support.launch import REPO, SCRIPTS, python
 
 SCRIPT_NAMES = ["train_cnn.py", "prepare_bert_data.py", "pretrain_bert.py", "make_hostfile.py",
                 "discover_hosts.py", "benchmark.py", "benchmark.py train", "benchmark.py allreduce",
-                "benchmark.py scaling", "benchmark.py compare", "benchmark.py timeline"]
+                "benchmark.py scaling", "benchmark.py compare", "benchmark.py timeline",
+                "benchmark.py predict"]
 DEFAULT = re.compile(r"\(default:")
 
 

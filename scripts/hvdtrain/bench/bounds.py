@@ -1,0 +1,79 @@
+"""benchmark.py predict --validate: every cell of a link study (tools/link_study.py's
+study.json) against its bound and against the prediction.
+
+Per cell, from the study alone and the models' own gradients:
+  compute C     the batch over one unshaped rank's throughput (base_one_rank)
+  comm          2(n-1)/n x gradient bytes / busbw, busbw from the 64 MiB allreduce
+                the study measured on that link (algbw; busbw = algbw x 2(n-1)/n)
+  bound         max(C, comm): perfect overlap, no latency; no overlap is C + comm
+  measured      n x batch / the cell's total throughput
+The fraction of the bound is bound / measured step (1.0: the step is the bound).
+The prediction is predict's model with the options given (--overlap,
+--backward-share, --latency-us, --cast-gbps); its error is predicted / measured - 1.
+"""
+import json
+
+from hvdtrain.bench import predict
+
+MIB = predict.MIB
+
+
+def model_settings(arguments):
+    """(model, batch size, vocabulary) from the study's benchmark.py train arguments."""
+    value = {name: arguments[i + 1] for i, name in enumerate(arguments[:-1]) if name.startswith("--")}
+    return value["--model"], int(value["--batch-size"]), int(value.get("--vocab-size", 30522))
+
+
+def cells(study, args, cast):
+    """One dict per measured cell: its bound's parts, the fraction, the prediction, the error."""
+    latency = (args.latency_us or 10) / 1e6
+    gradients, rows = {}, []
+    for row in study["rows"]:
+        model, batch, vocab = model_settings(study["models"][row["model"]])
+        if model not in gradients:
+            gradients[model] = predict.gradient_tensors(model, vocab)
+        base = study["base_one_rank"][row["model"]]
+        nodes = round(row["total"] / (row["efficiency"] * base))  # efficiency = total / (n x base)
+        compute, measured = batch / base, nodes * batch / row["total"]
+        width = 2 if row["fp16_allreduce"] else 4
+        tensors = [width * count for count in gradients[model]]
+        busbw = predict.bus_bandwidth(row["link_algbw_gbps"] * 1e9, nodes)
+        comm = predict.ring_allreduce_seconds(sum(tensors), nodes, busbw, 0.0)
+        casts = predict.cast_seconds(4 * sum(gradients[model]), cast) if row["fp16_allreduce"] else 0.0
+        fused = predict.communication_seconds(tensors, row["fusion_mb"] * MIB, nodes, busbw, latency)
+        predicted = predict.step_seconds(compute, fused, args.backward_share, args.overlap, casts)
+        rows.append({**{key: row[key] for key in ("rate", "model", "fusion_mb", "fp16_allreduce")},
+                     "nodes": nodes, "measured_s": measured, "compute_s": compute, "comm_s": comm,
+                     "bound_s": max(compute, comm), "no_overlap_s": compute + comm,
+                     "fraction_of_bound": max(compute, comm) / measured,
+                     "allreduces": len(predict.fusion_buffers(tensors, row["fusion_mb"] * MIB)),
+                     "predicted_s": predicted, "error": predicted / measured - 1})
+    return rows
+
+
+def validate(args, cast, cast_said):
+    study = json.loads(args.validate.read_text())
+    rows = cells(study, args, cast)
+    print(f"{args.validate}: {len(rows)} cells, {rows[0]['nodes']} ranks, one run each")
+    print("\nAgainst the bound max(compute, comm) (busbw = algbw at 2 ranks):\n")
+    print("| link | model | fusion MiB | fp16 | measured s | compute s | comm s | bound s | no overlap s "
+          "| bound / measured |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {label(row)} | {row['measured_s']:.3f} | {row['compute_s']:.3f} | {row['comm_s']:.3f} | "
+              f"{row['bound_s']:.3f} | {row['no_overlap_s']:.3f} | {row['fraction_of_bound']:.2f} |")
+    print(f"\nPredicted (overlap {args.overlap:g} of a backward share {args.backward_share:.2f}, "
+          f"latency {args.latency_us or 10:g} us per ring step, fp16 casts {cast_said}):\n")
+    print("| link | model | fusion MiB | fp16 | allreduces | measured s | predicted s | error |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {label(row)} | {row['allreduces']} | {row['measured_s']:.3f} | {row['predicted_s']:.3f} | "
+              f"{row['error'] * 100:+.0f} % |")
+    within = sum(abs(row["error"]) <= 0.10 for row in rows)
+    mean = sum(abs(row["error"]) for row in rows) / len(rows)
+    print(f"\nwithin +-10 %: {within} of {len(rows)} cells; mean |error| {mean * 100:.0f} %")
+    return rows
+
+
+def label(row):
+    return f"{row['rate']} | {row['model']} | {row['fusion_mb']} | {'yes' if row['fp16_allreduce'] else 'no'}"

@@ -1,0 +1,217 @@
+"""benchmark.py predict: step time and efficiency on 2 to 512 nodes, from one
+worker's compute time, the gradient bytes and a link (a model; nothing runs).
+
+The model, one worker per node, all of them in one ring:
+  ring allreduce of B bytes on n workers   2(n-1) a + 2(n-1)/n B / busbw
+      (a: latency per ring step; busbw: nccl-tests' bus bandwidth, what each
+      link carries; a sweep's algbw is B / time, busbw = algbw x 2(n-1)/n)
+  fusion: the gradient tensors, in the order backward makes them ready, packed
+      into buffers of at most HOROVOD_FUSION_THRESHOLD bytes (0: one allreduce
+      per tensor); every buffer pays the latency terms
+  overlap: communication hides behind `overlap` x the backward pass, which is
+      `backward_share` of the compute C; what is left shows:
+      step = C + casts + max(0, comm - overlap x backward_share x C)
+      (overlap 1 with backward_share 1 is the bound max(C, comm); overlap 0 is C + comm)
+  fp16 compression: half the bytes, plus a cast of every gradient to fp16 and
+      back per step at the cast throughput, on the compute (not hidden).
+"""
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hvdtrain import cli
+from hvdtrain.bench import workloads
+
+MIB = 2**20
+NODES = [2**k for k in range(1, 10)]  # 2 .. 512
+
+
+def ring_allreduce_seconds(nbytes, nodes, busbw, latency):
+    """One ring allreduce (reduce-scatter then allgather) of ``nbytes`` on ``nodes`` workers."""
+    if nodes < 2:
+        return 0.0
+    return 2 * (nodes - 1) * latency + 2 * (nodes - 1) / nodes * nbytes / busbw
+
+
+def bus_bandwidth(algbw, nodes):
+    """nccl-tests' busbw of an allreduce from its algbw (bytes / time); equal at 2 ranks."""
+    return algbw * 2 * (nodes - 1) / nodes
+
+
+def fusion_buffers(tensor_bytes, threshold):
+    """Horovod's tensor fusion: byte sizes of the allreduces a step runs.
+
+    Tensors are packed in order into buffers of at most ``threshold`` bytes; a
+    tensor larger than the threshold, or any tensor with threshold 0, goes alone.
+    """
+    buffers, current = [], 0
+    for size in tensor_bytes:
+        if current and current + size > threshold:
+            buffers.append(current)
+            current = 0
+        current += size
+        if threshold <= 0:
+            buffers.append(current)
+            current = 0
+    return buffers + ([current] if current else [])
+
+
+def communication_seconds(tensor_bytes, threshold, nodes, busbw, latency):
+    return sum(ring_allreduce_seconds(size, nodes, busbw, latency)
+               for size in fusion_buffers(tensor_bytes, threshold))
+
+
+def step_seconds(compute, comm, backward_share, overlap, casts=0.0):
+    """One step: compute, casts, and the communication backward did not hide."""
+    return compute + casts + max(0.0, comm - overlap * backward_share * compute)
+
+
+def cast_seconds(fp32_bytes, cast_bandwidth):
+    """fp16 compression: every fp32 gradient to fp16 before the allreduce, and back after."""
+    return 2 * fp32_bytes / cast_bandwidth
+
+
+def gradient_tensors(model, vocab_size=30522):
+    """Element counts of a model's gradients (hvdtrain.models, as benchmark.py trains them),
+    last layer first: the order backward makes them ready. Built on the meta device."""
+    from hvdtrain.models import bert, resnet
+    with torch.device("meta"):
+        if model in workloads.CNN_MODELS:
+            built = resnet.build(model, workloads.CNN_MODELS[model][1])
+        else:
+            built = bert.build_model(bert.preset_config(workloads.BERT_MODELS[model], vocab_size))
+    return [p.numel() for p in built.parameters() if p.requires_grad][::-1]
+
+
+def measure_cast_bandwidth(megabytes=64, repeats=5):
+    """fp32 bytes per second cast to fp16 and back, halved (one cast), on this machine."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tensor = torch.randn(megabytes * MIB // 4, device=device)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        tensor.half().float()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return 2 * tensor.numel() * 4 / statistics.median(times)
+
+
+def link_from_sweep(path, library):
+    """(busbw fp32, busbw fp16 or None, latency) from a `benchmark.py allreduce` JSON: the
+    largest message's busbw, and the smallest message's time over its 2(n-1) ring steps."""
+    data = json.loads(Path(path).read_text())
+    ranks = data["environment"]["world_size"]
+    rows = [row for row in data["rows"] if row["library"] == library]
+    float32 = sorted((row for row in rows if row["dtype"] == "float32"), key=lambda row: row["bytes"])
+    float16 = sorted((row for row in rows if row["dtype"] == "float16"), key=lambda row: row["bytes"])
+    if not float32 or ranks < 2:
+        cli.fail(f"--sweep {path}: no float32 rows of {library} on 2 or more ranks")
+    latency = float32[0]["seconds"] / (2 * (ranks - 1))
+    return float32[-1]["busbw_gbps"] * 1e9, float16[-1]["busbw_gbps"] * 1e9 if float16 else None, latency
+
+
+def compute_from_result(path):
+    """Seconds per step of one worker from a `benchmark.py train` JSON (its per-worker median)."""
+    data = json.loads(Path(path).read_text())
+    knobs = data["environment"]["knobs"]
+    return knobs["batch_size"] * knobs["accumulation_steps"] / data["per_worker"]["median"]
+
+
+def add_arguments(modes):
+    parser = modes.add_parser("predict", help="predicted step time and efficiency on 2-512 nodes (a model)")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--model", choices=workloads.MODELS, metavar="MODEL",
+                      help="gradients of this model of hvdtrain.models, as benchmark.py train has them "
+                           "(resnet50, bert-large, ...)")
+    what.add_argument("--gradient-bytes", type=float, help="fp32 gradient bytes per step instead of --model")
+    parser.add_argument("--tensors", type=cli.positive_int, default=100,
+                        help="with --gradient-bytes: that many equal gradient tensors")
+    compute = parser.add_mutually_exclusive_group()
+    compute.add_argument("--compute-ms", type=cli.positive_float,
+                         help="one worker's compute per step (forward, backward, update; every backward pass "
+                              "of a step with accumulation), ms")
+    compute.add_argument("--compute-from", type=Path, metavar="TRAIN_JSON",
+                         help="a `benchmark.py train --baseline none` JSON: its step time")
+    link = parser.add_mutually_exclusive_group()
+    link.add_argument("--link-gbit", type=cli.positive_float,
+                      help="link rate, Gbit/s, taken as the busbw (default: 100 without the other two)")
+    link.add_argument("--busbw-gbps", type=cli.positive_float, help="measured allreduce bus bandwidth, GB/s")
+    link.add_argument("--sweep", type=Path, metavar="SWEEP_JSON",
+                      help="a `benchmark.py allreduce` JSON: busbw of its largest message, latency of its smallest")
+    parser.add_argument("--library", choices=["horovod", "mpi", "torch"], default="horovod",
+                        help="the sweep's rows to read")
+    parser.add_argument("--latency-us", type=cli.positive_float,
+                        help="latency per ring step, microseconds (default: the sweep's, else 10)")
+    parser.add_argument("--fusion-mb", type=float, default=128,
+                        help="HOROVOD_FUSION_THRESHOLD in MiB (0: no fusion)")
+    parser.add_argument("--overlap", type=cli.fraction, default=1.0,
+                        help="share of the backward pass that can hide communication")
+    parser.add_argument("--backward-share", type=cli.fraction, default=0.67,
+                        help="backward's share of the compute time")
+    parser.add_argument("--cast-gbps", type=cli.positive_float,
+                        help="fp32 -> fp16 cast throughput, GB/s of fp32 (default: measured here)")
+    parser.add_argument("--nodes", type=cli.positive_int, nargs="+", default=NODES,
+                        help="node counts, one worker each (default: 2 4 8 ... 512)")
+    parser.add_argument("--validate", type=Path, metavar="STUDY_JSON",
+                        help="a tools/link_study.py study.json: each cell against its bound and the prediction")
+    parser.add_argument("--vocab-size", type=cli.positive_int, default=30522, help="BERT models' vocabulary")
+
+
+def run(args):
+    cast = args.cast_gbps * 1e9 if args.cast_gbps else measure_cast_bandwidth()
+    cast_said = f"{cast / 1e9:.2f} GB/s ({'given' if args.cast_gbps else 'measured here'})"
+    if args.validate:
+        from hvdtrain.bench import bounds
+        return bounds.validate(args, cast, cast_said)
+    if not (args.model or args.gradient_bytes) or not (args.compute_ms or args.compute_from):
+        cli.fail("give --model or --gradient-bytes, and --compute-ms or --compute-from (or --validate FILE)")
+    if args.model:
+        elements = gradient_tensors(args.model, args.vocab_size)
+        tensors = [4 * count for count in elements]
+        name = f"{args.model}: {sum(elements) / 1e6:.1f} M parameters in {len(elements)} tensors"
+    else:
+        tensors = [args.gradient_bytes / args.tensors] * args.tensors
+        name = f"{len(tensors)} tensors"
+    compute = args.compute_ms / 1e3 if args.compute_ms else compute_from_result(args.compute_from)
+    busbw16 = latency = None
+    if args.sweep:
+        busbw, busbw16, latency = link_from_sweep(args.sweep, args.library)
+    else:
+        busbw = args.link_gbit * 1e9 / 8 if args.link_gbit else (args.busbw_gbps or 12.5) * 1e9  # 100 Gbit/s
+    latency = args.latency_us / 1e6 if args.latency_us else (latency if latency is not None else 10e-6)
+    threshold = args.fusion_mb * MIB
+    fp32_bytes = sum(tensors)
+    half = [size / 2 for size in tensors]
+    print(f"{name}, {fp32_bytes / 1e6:.1f} MB of fp32 gradients ({fp32_bytes / 2e6:.1f} MB as fp16)")
+    print(f"compute {compute * 1e3:.1f} ms per step; busbw {busbw / 1e9:.2f} GB/s"
+          f"{f' (fp16 {busbw16 / 1e9:.2f})' if busbw16 else ''}, latency {latency * 1e6:.1f} us per ring step; "
+          f"fusion {args.fusion_mb:g} MiB: {len(fusion_buffers(tensors, threshold))} allreduce(s) per step "
+          f"({len(fusion_buffers(half, threshold))} as fp16)")
+    print(f"overlap {args.overlap:g} of the backward pass ({args.backward_share:.2f} of compute); "
+          f"fp16 casts {cast_said}, {cast_seconds(fp32_bytes, cast) * 1e3:.1f} ms per step")
+    print("| nodes | allreduce ms | step ms | efficiency | fp16: allreduce ms | step ms | efficiency |")
+    print("|---|---|---|---|---|---|---|")
+    pays = []
+    for nodes in args.nodes:
+        comm = communication_seconds(tensors, threshold, nodes, busbw, latency)
+        comm16 = communication_seconds(half, threshold, nodes, busbw16 or busbw, latency)
+        step = step_seconds(compute, comm, args.backward_share, args.overlap)
+        step16 = step_seconds(compute, comm16, args.backward_share, args.overlap, cast_seconds(fp32_bytes, cast))
+        pays.append(step16 < step)
+        print(f"| {nodes} | {comm * 1e3:.1f} | {step * 1e3:.1f} | {compute / step:.3f} | "
+              f"{comm16 * 1e3:.1f} | {step16 * 1e3:.1f} | {compute / step16:.3f} |")
+    print(fp16_verdict(args.nodes, pays))
+
+
+def fp16_verdict(nodes, pays):
+    if not any(pays):
+        return f"fp16 compression does not pay at {nodes[0]}-{nodes[-1]} nodes: its casts cost more than it saves"
+    first = nodes[pays.index(True)]
+    if all(pays[pays.index(True):]):
+        return f"fp16 compression pays from {first} nodes on"
+    return f"fp16 compression pays at {', '.join(str(n) for n, p in zip(nodes, pays) if p)} nodes"
+
