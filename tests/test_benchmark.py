@@ -41,6 +41,9 @@ def check_train_result(data, world_size, backend):
     assert abs(data["total"]["median"] - world_size * data["per_worker"]["median"]) < 1e-6 * data["total"]["median"]
     assert len(data["losses"]) == 1 + 2 * 2
     assert 0 < data["cpu_cores_per_rank"] < 64
+    # every rank's step in parts, scored as the trainers' straggler report (runtime/stragglers.py)
+    assert [row["rank"] for row in data["ranks"]] == list(range(world_size)), data["ranks"]
+    assert all(row["compute_s"] > 0 and 0 < row["relative"]["busy"] <= 1 for row in data["ranks"]), data["ranks"]
 
 
 @pytest.mark.parametrize("workload", [CNN, BERT], ids=["resnet20", "bert-tiny"])

@@ -13,6 +13,7 @@ import torch
 from hvdtrain import cli
 from hvdtrain.bench import backends, workloads
 from hvdtrain.bench.record import environment, summarize, write_json
+from hvdtrain.runtime import stragglers
 from hvdtrain.runtime.run import add_horovod_diagnostics
 
 KNOB_VARIABLES = {"fusion_threshold_mb": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME"}
@@ -66,6 +67,7 @@ def run(args):
     torch.manual_seed(args.seed)  # the same initial weights under every backend
     workload = workloads.build(args, backend)
     losses = [workload.step() for _ in range(args.warmup_steps)]
+    workload.timer.reset()  # the timed windows' steps only
     local_rates = []
     timed_wall, timed_cpu = -time.perf_counter(), -process_cpu_seconds()
     for _ in range(args.windows):
@@ -73,6 +75,7 @@ def run(args):
         started = time.perf_counter()
         for _ in range(args.window_steps):
             losses.append(workload.step())
+            workload.timer.steps += 1
             backend.beat()
         if backend.device.type == "cuda":
             torch.cuda.synchronize()
@@ -93,10 +96,24 @@ def run(args):
               "total": summarize(totals),
               "per_worker": summarize([total / backend.size for total in totals]),
               "cpu_cores_per_rank": cpu_cores, "losses": mean_losses,
+              "ranks": rank_breakdown(backend, workload.timer),
               "environment": environment(backend, knobs)}
     if backend.rank == 0:
         report(result, args)
         write_json(result, args.output)
+
+
+def rank_breakdown(backend, timer):
+    """Every rank's seconds per step in data, compute, comm and optimizer, scored as the trainers'
+    straggler report does (runtime/stragglers.py). DDP and one process have no separate wait: their
+    allreduce runs inside backward (compute)."""
+    mine = [timer.seconds[s] / max(timer.steps, 1) for s in stragglers.SECTIONS]
+    spread = [0.0] * (len(mine) * backend.size)
+    spread[backend.rank * len(mine):(backend.rank + 1) * len(mine)] = mine
+    gathered = backend.sum(spread)  # each rank's numbers in its own slots: a gather
+    per_step = [dict(zip(stragglers.SECTIONS, gathered[r * len(mine):(r + 1) * len(mine)]))
+                for r in range(backend.size)]
+    return stragglers.scores(per_step)
 
 
 def process_cpu_seconds():
@@ -114,3 +131,7 @@ def report(result, args):
           f"mean {total['mean']:.1f} +- {total['ci95']:.1f}", flush=True)
     print(f"per worker: median {worker['median']:.1f} {unit}, mean {worker['mean']:.1f} +- {worker['ci95']:.1f}; "
           f"CPU busy {result['cpu_cores_per_rank']:.2f} cores per rank", flush=True)
+    for row in result["ranks"]:
+        parts = ", ".join(f"{s} {1000 * row[s + '_s']:.1f}" for s in stragglers.SECTIONS)
+        print(f"rank {row['rank']}: ms per step: {parts}; relative {row['relative']['busy']:.2f}, "
+              f"waiting {100 * row['waiting']:.0f} % of the step", flush=True)

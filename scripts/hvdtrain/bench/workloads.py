@@ -14,6 +14,7 @@ from hvdtrain.runtime import precision as precisions
 from hvdtrain.training import cnn, optim
 from hvdtrain.training import bert as bert_training
 from hvdtrain.runtime.metrics import SumMeter
+from hvdtrain.runtime.stragglers import SectionTimer
 from hvdtrain.models import resnet
 
 CNN_MODELS = {"resnet20": (32, 10), "resnet56": (32, 10), "resnet18": (224, 1000), "resnet50": (224, 1000),
@@ -55,10 +56,11 @@ class CnnWorkload:
         self.images = torch.randn(samples, 3, size, size, generator=generator)
         self.targets = torch.randint(0, classes, (samples,), generator=generator)
         self.samples, self.unit = samples, "images"
+        self.timer = SectionTimer()  # the step's parts, as the trainers time them (runtime/stragglers.py)
 
     def step(self):
         meter = SumMeter("train_loss", "train_top1")
-        self.trainer.train_step((self.images, self.targets), meter)
+        self.trainer.train_step((self.images, self.targets), meter, timer=self.timer)
         return meter.sums["train_loss"] / meter.counts["train_loss"]
 
 
@@ -79,10 +81,12 @@ class BertWorkload:
             backend.device, precisions.DTYPES[self.precision], args.accumulation_steps, max_grad_norm=1.0)
         self.data = SyntheticSequences(args, backend.rank)
         self.samples, self.unit = args.batch_size * args.accumulation_steps, "sequences"
+        self.timer = SectionTimer()
 
     def step(self):
         meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
-        self.trainer.train_step([self.data.batch(0, micro) for micro in range(self.trainer.passes)], meter)
+        micro_batches = (self.data.batch(0, micro) for micro in range(self.trainer.passes))
+        self.trainer.train_step(micro_batches, meter, timer=self.timer)
         return meter.sums["mlm_loss"] / max(1, meter.counts["mlm_loss"])
 
 
