@@ -107,6 +107,7 @@ OTHER_PROGRAMS = {
     "tools/make_bench_corpus.py": {"--megabytes", "--files"},
     "tools/make_synthetic_shards.py": {"--tokenizer", "--shards", "--rows"},
     "tools/measure_prepare_rate.py": {"--megabytes", "--repeat"},
+    "tools/measure_balance.py": {"--share", "--rounds"},
 }
 
 
