@@ -37,11 +37,16 @@ import sys
 from pathlib import Path
 
 from hvdtrain import cli
-from hvdtrain.bench import allreduce, predict, scaling, timeline, train
+from hvdtrain.bench import allreduce, bounds, predict, scaling, timeline, train
+
+
+def run_predict(args):
+    """predict's table, or with --validate every link-study cell against its bound (bench/bounds.py)."""
+    return bounds.validate(args) if args.validate else predict.run(args)
+
 
 MODES = {"train": train.run, "allreduce": allreduce.run, "scaling": scaling.run_scaling,
-         "compare": scaling.run_compare, "timeline": timeline.run,
-         "predict": predict.run}
+         "compare": scaling.run_compare, "timeline": timeline.run, "predict": run_predict}
 
 
 def parse_args(argv=None):

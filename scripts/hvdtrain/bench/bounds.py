@@ -51,7 +51,9 @@ def cells(study, args, cast):
     return rows
 
 
-def validate(args, cast, cast_said):
+def validate(args):
+    """benchmark.py predict --validate STUDY_JSON: the two tables."""
+    cast, cast_said = predict.cast_bandwidth(args)
     study = json.loads(args.validate.read_text())
     rows = cells(study, args, cast)
     print(f"{args.validate}: {len(rows)} cells, {rows[0]['nodes']} ranks, one run each")

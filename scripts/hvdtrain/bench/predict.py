@@ -161,12 +161,15 @@ def add_arguments(modes):
     parser.add_argument("--vocab-size", type=cli.positive_int, default=30522, help="BERT models' vocabulary")
 
 
-def run(args):
+def cast_bandwidth(args):
+    """(fp16 cast bytes/s, how it was found): --cast-gbps, else measured here."""
     cast = args.cast_gbps * 1e9 if args.cast_gbps else measure_cast_bandwidth()
-    cast_said = f"{cast / 1e9:.2f} GB/s ({'given' if args.cast_gbps else 'measured here'})"
-    if args.validate:
-        from hvdtrain.bench import bounds
-        return bounds.validate(args, cast, cast_said)
+    return cast, f"{cast / 1e9:.2f} GB/s ({'given' if args.cast_gbps else 'measured here'})"
+
+
+def run(args):
+    """The prediction table (--validate is bench/bounds.py's, dispatched by benchmark.py)."""
+    cast, cast_said = cast_bandwidth(args)
     if not (args.model or args.gradient_bytes) or not (args.compute_ms or args.compute_from):
         cli.fail("give --model or --gradient-bytes, and --compute-ms or --compute-from (or --validate FILE)")
     if args.model:
