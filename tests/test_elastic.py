@@ -18,9 +18,9 @@ import json
 import os
 import re
 import signal
-import sys
 
 from support.bert_data import all_instances, make_small_static_data, trained_instances
+from support.elastic_jobs import elastic_command, world_sizes, write_hosts
 from support.launch import SCRIPTS, launch, python, wait_then
 from support.ranks import cpu_share, require_cpu_cgroup
 from support.two_hosts import INTERFACE  # the two_hosts session fixture comes from conftest
@@ -31,23 +31,6 @@ DIGITS_TRAIN = 1438  # digits samples left for training by the fixed validation 
 # kill a worker mid-epoch.
 CNN = [SCRIPTS / "train_cnn.py", "--elastic", "--elastic-commit-every", "10", "--checkpoint-every", "50"]
 MID_EPOCH_2 = "step-000000050.pt"
-
-
-def discovery(hostfile):
-    return f"{sys.executable} {SCRIPTS / 'discover_hosts.py'} {hostfile}"
-
-
-def write_hosts(path, *lines):
-    """Atomically, as discover_hosts.py asks."""
-    new = path.with_name(path.name + ".new")
-    new.write_text("".join(f"{line}\n" for line in lines))
-    new.replace(path)
-
-
-def elastic_command(hostfile, np, script_args, interface="lo", extra=()):
-    # --network-interface: an elastic job otherwise waits for two hosts to compare NICs.
-    return ["horovodrun", "-np", np, "--min-np", "1", "--max-np", np, "--network-interface", interface,
-            "--host-discovery-script", discovery(hostfile), *extra, sys.executable, *script_args]
 
 
 def rows(output_dir):
@@ -85,15 +68,6 @@ def kill_worker(output_dir, hostname, killed, local_rank=None):
 
 def mid_epoch_checkpoint(output_dir):
     return (output_dir / MID_EPOCH_2).exists()
-
-
-def world_sizes(ran):
-    """The world sizes rank 0 announced, in order: one line per (re)start of training.
-
-    From the whole output: horovodrun tags lines by the worker's first slot, so
-    a survivor that became rank 0 still prints as [1].
-    """
-    return [int(n) for n in re.findall(r"(\d+) workers? x batch", ran.output)]
 
 
 def assert_every_epoch_complete(output_dir, epochs):
