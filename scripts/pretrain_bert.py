@@ -12,7 +12,8 @@ Phase 2 (NVIDIA's recipe: longer sequences, new step counter, phase 1 weights):
 
 Steps count optimizer updates; one update is --accumulation-steps micro-batches
 of --batch-size sequences on every rank (global batch = batch x accumulation x
-ranks). --steps is the whole schedule (warmup + polynomial decay);
+ranks; --elastic --global-batch N: N at every world size, split among the ranks).
+--steps is the whole schedule (warmup + polynomial decay);
 --stop-after N ends this run after step N (checkpoint, exit 0) without
 changing the schedule, exactly like SIGTERM/SIGUSR1 do. Relaunching with the
 same --output-dir resumes at the same step and sample.
@@ -70,6 +71,10 @@ def parse_args(argv=None):
     precision.add_arguments(device, cuda_auto="bf16 where the GPU has it, else fp32")
     device.add_argument("--compile", action="store_true", help="torch.compile the encoder")
     elastic.add_elastic_arguments(device, commit_every=10)
+    device.add_argument("--global-batch", type=cli.positive_int, metavar="N",
+                        help="--elastic: N instances per step at every world size, split among the workers "
+                             "(the optimisation does not change with a resize); default: batch x accumulation "
+                             "x workers")
     out = parser.add_argument_group("output")
     out.add_argument("--export-dir", type=Path, help="Hugging Face model directory (default: OUTPUT_DIR/model)")
     out.add_argument("--log-every", type=cli.positive_int, default=10,
@@ -87,6 +92,9 @@ def load_setup(args, ctx):
 
     Returns (metadata, BertConfig, init-checkpoint state or None).
     """
+    if args.global_batch and not args.elastic:
+        raise UsageError("--global-batch keeps a step's instances fixed across resizes: it needs --elastic "
+                         "(without it the global batch is --batch-size x --accumulation-steps x workers)")
     metadata = bert_data.read_metadata(args.data)
     length = metadata["max_seq_length"]
     if args.max_seq_length is not None and args.max_seq_length != length:
@@ -97,9 +105,15 @@ def load_setup(args, ctx):
         bert_data.check_shard(args.data, entry, metadata)
     data = bert_data.PretrainingData(args.data, metadata, ctx.rank, ctx.size, args.seed,
                                      args.batch_size, args.accumulation_steps, binned=not args.no_binning)
+    if args.global_batch:  # one step of the global order at this size
+        data = bert_elastic.ElasticPretrainingData(args.data, metadata, ctx.rank, ctx.size, args.seed,
+                                                   args.batch_size, args.accumulation_steps, bert_elastic.BinPosition(),
+                                                   binned=not args.no_binning, global_batch=args.global_batch)
     if data.steps_in_epoch(0) == 0:
+        what = (f"--global-batch {args.global_batch} (at least {args.accumulation_steps} sequences per rank)"
+                if args.global_batch else f"{args.batch_size} x {args.accumulation_steps} sequences on each")
         raise UsageError(f"{metadata['num_instances']} instances in {args.data} are not enough for one step "
-                         f"of {args.batch_size} x {args.accumulation_steps} sequences on each of {ctx.size} ranks")
+                         f"of {what} of {ctx.size} ranks")
     init = None
     if args.init_checkpoint is not None:
         init = checkpoint.load_init_checkpoint(args.init_checkpoint)
@@ -169,14 +183,19 @@ def main(argv=None):
     dist.seed_everything(settings.seed)  # the same initial weights on every rank
     model, objective = bert.build_model(settings, ctx, config)
     # Horovod: gradients are averaged by allreduce once per update, after the last of its
-    # `accumulation_steps` micro-batches; fp16 compression on request.
+    # `accumulation_steps` micro-batches; fp16 compression on request. --global-batch: ranks hold
+    # unequal slices, each loss is its share of the step's global mean and the allreduce sums them.
+    summed = bool(settings.global_batch)
     optimizer = hvd.DistributedOptimizer(
         bert.build_optimizer(settings, model), named_parameters=model.named_parameters(),
-        backward_passes_per_step=settings.accumulation_steps,
+        backward_passes_per_step=settings.accumulation_steps, op=hvd.Sum if summed else hvd.Average,
         compression=hvd.Compression.fp16 if settings.fp16_allreduce else hvd.Compression.none)
+    # Horovod: one small allreduce per step: its masked tokens and sequences over every rank
+    counts = bert.step_counts(lambda local: hvd.allreduce(local, op=hvd.Sum, name="bert.step_counts"))
     trainer = bert.Trainer(model, objective, optimizer, bert.build_schedule(settings, optimizer),
                            torch.amp.GradScaler(ctx.device.type, enabled=use_scaler), ctx.device, amp_dtype,
-                           settings.accumulation_steps, settings.max_grad_norm)
+                           settings.accumulation_steps, settings.max_grad_norm,
+                           global_counts=counts if summed else None)
     dist.seed_everything(settings.seed + 1 + ctx.rank)  # own dropout masks per rank (a resume restores them)
     if init is not None:  # phase 2: the weights only; a resume below replaces them
         agree(load_init_weights, args, model, init)
@@ -211,7 +230,7 @@ def train(run, trainer, meter, setup, position=None):
         ctx.print0(f"elastic: {data.resumed_mid_epoch(state.epoch)} at {ctx.size} rank(s)")
     run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "
                  f"seq {metadata['max_seq_length']}, {metadata['num_instances']} instances, {ctx.size} rank(s), "
-                 f"global batch {settings.step_batch * ctx.size}, {settings.optimizer}, "
+                 f"global batch {bert.global_batch(settings, ctx.size)}, {settings.optimizer}, "
                  f"{precision.describe(settings.precision, ctx.device.type)}")
     tokens = Throughput()
     trainer.model.train()

@@ -1,11 +1,15 @@
 """--elastic --global-batch N: a step trains N samples at every world size, so a resize changes nothing
-in the optimisation: the weights equal those of a run that never resized."""
+in the optimisation: the weights equal those of a run that never resized. BERT likewise: each rank's
+loss divides its sums by the step's masked tokens and sequences on every rank (no dropout here: its
+masks are drawn per rank)."""
 import json
+import re
 
 import torch
 
 from support.checks import ok
-from support.commands import CNN
+from support.bert_data import make_small_static_data
+from support.commands import CNN, PRETRAIN
 from support.elastic_jobs import elastic_command, world_sizes, write_hosts
 from support.launch import launch, python, wait_then
 
@@ -43,3 +47,35 @@ def test_a_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(need_
 def test_global_batch_needs_elastic(tmp_path):
     run = python([CNN, "--global-batch", "64", "--output-dir", tmp_path], timeout=120)
     assert run.returncode == 2 and "--global-batch keeps a step's samples fixed" in run.output, run.describe()
+
+
+BERT_CONFIG = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512,
+               "max_position_embeddings": 512, "type_vocab_size": 2,
+               "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+def test_a_bert_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(need_horovod, tmp_path):
+    data = make_small_static_data(tmp_path, bin_size=16)  # bins of 4 and 77 instances: steps of 4, 16 and 13
+    (tmp_path / "config.json").write_text(json.dumps(BERT_CONFIG))
+    run = [PRETRAIN, "--elastic", "--data", data, "--config", tmp_path / "config.json", "--global-batch", "16",
+           "--steps", "40", "--lr", "1e-3", "--log-every", "1", "--checkpoint-every", "0",
+           "--elastic-commit-every", "3"]
+    resized, steady, hosts = tmp_path / "resized", tmp_path / "steady", tmp_path / "hosts"
+    write_hosts(hosts, "localhost slots=1", "127.0.0.1 slots=1")
+    wait_then(lambda: (resized / "metrics.jsonl").exists(), lambda: write_hosts(hosts, "localhost slots=1"), 240)
+    ran = ok(launch(elastic_command(hosts, 2, [*run, "--output-dir", resized]), timeout=400))
+    sizes = [int(n) for n in re.findall(r"(\d+) rank\(s\), global batch 16", ran.output)]
+    assert sizes[0] == 2 and sizes[-1] == 1, ran.describe()
+
+    alone = tmp_path / "alone-hosts"
+    write_hosts(alone, "localhost slots=1")
+    ok(launch(elastic_command(alone, 1, [*run, "--output-dir", steady]), timeout=400))
+    weights = [torch.load(out / "step-000000040.pt", weights_only=True)["model"] for out in (resized, steady)]
+    for key, value in weights[1].items():
+        torch.testing.assert_close(weights[0][key], value, rtol=0, atol=1e-5, msg=lambda m: f"{key}: {m}")
+
+
+def test_bert_global_batch_needs_elastic(tmp_path):
+    run = python([PRETRAIN, "--data", tmp_path, "--global-batch", "16", "--output-dir", tmp_path / "out"],
+                 timeout=120)
+    assert run.returncode == 2 and "--global-batch keeps a step's instances fixed" in run.output, run.describe()

@@ -7,7 +7,7 @@ seed+epoch and laid end to end, each shard's rows of a length bin shuffled
 inside it), and ``BinPosition`` counts the instances of each bin trained so
 far. Each step draws from one bin (a seeded choice among the steps the bins
 have left, the same on every rank) and takes that bin's next
-ranks x batch x accumulation instances; rank r takes the r-th of ``size``
+ranks x batch x accumulation instances (--global-batch N: N at every size); rank r takes the r-th of ``size``
 near-equal slices of them. After a reset the new world goes on from the
 committed position, so every instance of the epoch is trained exactly once at
 whatever sizes the epoch ran (as ``sampling.ElasticBatchSampler`` does for the
@@ -59,17 +59,18 @@ class ElasticPretrainingData(PretrainingData):
     """``PretrainingData``'s interface over the global order; ``step_done()`` after each step."""
 
     def __init__(self, directory, metadata, rank, size, seed, micro_batch, accumulation, position,
-                 mlm_probability=0.15, binned=False, reading=contextlib.nullcontext):
+                 mlm_probability=0.15, binned=False, reading=contextlib.nullcontext, global_batch=None):
         super().__init__(directory, metadata, rank, size, seed, micro_batch, accumulation, mlm_probability,
                          binned=binned, reading=reading)
         self.position = position
+        self.global_batch = global_batch  # instances per step (None: size x micro_batch x accumulation)
         self.totals = [sum(sizes) for sizes, _, _ in self.bins]
         self.plan = None  # the step in progress: (step, bin, start, stop, [instance ids])
         self.record = os.environ.get(RECORD_ENV)
 
     def _steps_left(self, taken):
         """Per bin: [(start, stop)] of its steps left at this size (one sequence per rank and micro-batch at least)."""
-        whole = self.size * self.micro_batch * self.accumulation
+        whole = self.global_batch or self.size * self.micro_batch * self.accumulation
         return [global_steps(start, total, whole, self.size * self.accumulation)
                 for start, total in zip(taken, self.totals)]
 

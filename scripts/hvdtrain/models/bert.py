@@ -104,9 +104,14 @@ class PretrainingObjective(torch.nn.Module):
         return pretraining_sums(self.model, batch, self.encoder)
 
 
-def training_loss(sums):
-    """BERT's objective: mean MLM loss over masked tokens + mean NSP loss."""
-    return sums["mlm_loss"] / max(1, sums["mlm_count"]) + sums["nsp_loss"] / max(1, sums["nsp_count"])
+def training_loss(sums, over=None):
+    """BERT's objective: mean MLM loss over masked tokens + mean NSP loss.
+
+    ``over``: (masked tokens, sequences) of a whole step on every rank instead of
+    these sums' own counts: this micro-batch's share of the step's global mean.
+    """
+    tokens, sequences = (sums["mlm_count"], sums["nsp_count"]) if over is None else over
+    return sums["mlm_loss"] / max(1, tokens) + sums["nsp_loss"] / max(1, sequences)
 
 
 def export(model, tokenizer, directory):

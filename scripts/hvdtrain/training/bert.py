@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from hvdtrain.data import bert_data, bert_elastic
+from hvdtrain.errors import UsageError
 from hvdtrain.models import bert as bert_models
 from hvdtrain.runtime import dist
 from hvdtrain.runtime.metrics import rate_text, total_throughput
@@ -47,6 +48,11 @@ class BertSettings(RunSettings):
     architecture: dict
     vocab_sha256: str
     num_instances: int
+    global_batch: Optional[int]  # --elastic: instances per step at every world size (None: ranks x step_batch)
+
+    @classmethod
+    def saved_as_now(cls, saved):
+        return {"global_batch": None, **saved}  # a checkpoint from before --global-batch
 
 
 @dataclass
@@ -68,6 +74,9 @@ class Trainer:
     max_grad_norm: float
     last_lr: float = 0.0  # the LR of the latest step
     last_tokens: int = 0  # real (unpadded) tokens of the latest step
+    # --global-batch: micro-batches -> (masked tokens, sequences) of the step on every rank
+    # (an allreduce); each loss is then its share of the global mean, and the gradients are summed.
+    global_counts: object = None
 
     def components(self):
         """What a checkpoint saves of the step's parts."""
@@ -84,9 +93,13 @@ class Trainer:
         sequences = tokens = 0
         self.last_lr = self.optimizer.param_groups[0]["lr"]
         before = meter.state_dict()  # a skipped step adds nothing to the metrics
-        for micro_batch in timer.timed(batch, "data"):
+        over, batch = None, timer.timed(batch, "data")
+        if self.global_counts is not None:  # the whole step read first: its counts divide every loss
+            batch = list(batch)
+            over = self.global_counts(batch)
+        for micro_batch in batch:
             with timer.section("compute"):
-                sums = self.forward_backward(micro_batch, guard)
+                sums = self.forward_backward(micro_batch, guard, over)
             meter.add("mlm_loss", sums["mlm_loss"], sums["mlm_count"])
             meter.add("mlm_accuracy", sums["mlm_correct"], sums["mlm_count"])
             meter.add("nsp_loss", sums["nsp_loss"], sums["nsp_count"])
@@ -101,12 +114,15 @@ class Trainer:
         self.last_tokens = tokens
         return sequences
 
-    def forward_backward(self, micro_batch, guard):
-        """One micro-batch's pretraining sums; its backward pass adds to the gradients."""
+    def forward_backward(self, micro_batch, guard, over=None):
+        """One micro-batch's pretraining sums; its backward pass adds to the gradients.
+
+        ``over``: the step's global counts (see ``global_counts``), or None: a mean per micro-batch.
+        """
         micro_batch = {k: v.to(self.device, non_blocking=True) for k, v in micro_batch.items()}
         with torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext():
             sums = self.objective(micro_batch)
-        loss = bert_models.training_loss(sums) / self.passes
+        loss = bert_models.training_loss(sums) / self.passes if over is None else bert_models.training_loss(sums, over)
         if guard is not None:
             loss = guard.watch(loss)
         self.scaler.scale(loss).backward()  # Horovod: the allreduce starts after the last micro-batch
@@ -143,7 +159,25 @@ def training_data(settings, metadata, ctx, position=None):
                   reading=lambda: ctx.watchdog.phase("reading a shard"))
     if position is None:
         return bert_data.PretrainingData(*args, **kwargs)
-    return bert_elastic.ElasticPretrainingData(*args, position, **kwargs)
+    if settings.global_batch and settings.global_batch < ctx.size * settings.accumulation_steps:
+        raise UsageError(f"--global-batch {settings.global_batch} leaves ranks of the {ctx.size} without a "
+                         f"sequence for each of {settings.accumulation_steps} micro-batches")
+    return bert_elastic.ElasticPretrainingData(*args, position, global_batch=settings.global_batch, **kwargs)
+
+
+def global_batch(settings, size):
+    """Instances per optimizer step over all ranks: --global-batch, or batch x accumulation x ranks."""
+    return settings.global_batch or settings.step_batch * size
+
+
+def step_counts(allreduce):
+    """``Trainer.global_counts`` over ``allreduce`` (a float64 tensor summed over the ranks)."""
+    def counts(micro_batches):
+        local = torch.tensor([sum(int((m["labels"] != -100).sum()) for m in micro_batches),
+                              sum(len(m["next_sentence_label"]) for m in micro_batches)], dtype=torch.float64)
+        tokens, sequences = allreduce(local).tolist()
+        return int(tokens), int(sequences)
+    return counts
 
 
 def log_row(run, meter, lr):
@@ -168,7 +202,7 @@ def results(run, tokens):
             "nsp_loss": last.get("nsp_loss"), "nsp_accuracy": last.get("nsp_accuracy"),
             "sequences_per_sec": seq_total, "sequences_per_sec_per_worker": seq_per_worker,
             "tokens_per_sec": tok_total, "tokens_per_sec_per_worker": tok_per_worker,
-            "global_batch": settings.step_batch * run.ctx.size}
+            "global_batch": global_batch(settings, run.ctx.size)}
 
 
 def finish(run, tokens, model, metadata):
