@@ -31,7 +31,7 @@ from hvdtrain.models import bert as bert_models
 from hvdtrain.runtime import checkpoint, consistency, dist, elastic, precision, run as run_skeleton, signals
 from hvdtrain.runtime.metrics import SumMeter, Throughput
 from hvdtrain.runtime.run import Run
-from hvdtrain.training import bert
+from hvdtrain.training import balance, bert
 from hvdtrain.training.bert import BertSettings
 
 
@@ -75,6 +75,9 @@ def parse_args(argv=None):
                         help="--elastic: N instances per step at every world size, split among the workers "
                              "(the optimisation does not change with a resize); default: batch x accumulation "
                              "x workers")
+    device.add_argument("--balance", action="store_true",
+                        help="split each step's instances among the ranks by their measured speed, re-split "
+                             "every --straggler-interval steps (heterogeneous workers)")
     out = parser.add_argument_group("output")
     out.add_argument("--export-dir", type=Path, help="Hugging Face model directory (default: OUTPUT_DIR/model)")
     out.add_argument("--log-every", type=cli.positive_int, default=10,
@@ -84,6 +87,9 @@ def parse_args(argv=None):
     args.lr = args.lr or (6e-3 if args.optimizer == "lamb" else 1e-3)
     if args.lamb_nvlamb and args.optimizer != "lamb":
         parser.error("--lamb-nvlamb only applies to --optimizer lamb")
+    if args.balance and (args.elastic or not args.straggler_interval):
+        raise UsageError("--balance needs the ranks' timings (--straggler-interval > 0) and a fixed world: "
+                         "not with --elastic")
     return args
 
 
@@ -185,7 +191,7 @@ def main(argv=None):
     # Horovod: gradients are averaged by allreduce once per update, after the last of its
     # `accumulation_steps` micro-batches; fp16 compression on request. --global-batch: ranks hold
     # unequal slices, each loss is its share of the step's global mean and the allreduce sums them.
-    summed = bool(settings.global_batch)
+    summed = bool(settings.global_batch) or settings.balance  # --balance: unequal shares too
     optimizer = hvd.DistributedOptimizer(
         bert.build_optimizer(settings, model), named_parameters=model.named_parameters(),
         backward_passes_per_step=settings.accumulation_steps, op=hvd.Sum if summed else hvd.Average,
@@ -202,17 +208,21 @@ def main(argv=None):
 
     meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
     components = trainer.components()
-    position = bert_elastic.BinPosition() if settings.elastic else None  # --elastic: the epoch's global position
+    # --elastic and --balance: the epoch's global position (--balance: and the ranks' shares of each step)
+    position = bert_elastic.BinPosition() if settings.elastic or settings.balance else None
     if position is not None:
         components["bert_position"] = position
+    shares = balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps) if settings.balance else None
+    if shares is not None:
+        components["balance"] = shares
     run = Run(ctx, settings, bert.BertState(), components, meter, settings.steps, stop_request,
               extra={"bert_config": model.config.to_dict(), "vocab_sha256": metadata["vocab_sha256"]})
     # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
     # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
-    run.launch(lambda: train(run, trainer, meter, (metadata, config, init), position))
+    run.launch(lambda: train(run, trainer, meter, (metadata, config, init), position, shares))
 
 
-def train(run, trainer, meter, setup, position=None):
+def train(run, trainer, meter, setup, position=None, shares=None):
     """The steps left, in the current world; --elastic enters again after every reset."""
     settings, state, ctx = run.settings, run.state, run.ctx
     metadata, config, init = setup
@@ -224,9 +234,10 @@ def train(run, trainer, meter, setup, position=None):
         return run.already_finished()
     if run.stop_after_already_reached():
         return
-    # Horovod: rank r reads its own share of each epoch's shards (--elastic: of each step's instances)
-    data = bert.training_data(settings, metadata, ctx, position)
-    if position is not None and data.resumed_mid_epoch(state.epoch):
+    # Horovod: rank r reads its own share of each epoch's shards
+    # (--elastic, --balance: its slice of each step's instances)
+    data = bert.training_data(settings, metadata, ctx, position, shares and shares.shares)
+    if settings.elastic and data.resumed_mid_epoch(state.epoch):
         ctx.print0(f"elastic: {data.resumed_mid_epoch(state.epoch)} at {ctx.size} rank(s)")
     run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "
                  f"seq {metadata['max_seq_length']}, {metadata['num_instances']} instances, {ctx.size} rank(s), "
@@ -257,6 +268,8 @@ def train(run, trainer, meter, setup, position=None):
                 state.initial_mlm_loss = state.last_row["mlm_loss"]
         if reason:
             return run.stop(reason, bert.results(run, tokens))
+        if shares is not None and run.stragglers.latest_at(state.step) and shares.follow(run.stragglers.latest):
+            run.log.info(f"--balance: instances per rank now {shares.shares} (step {state.step})")
         run.save_if_due(checkpoint_follows=state.step == settings.steps)  # the schedule's end
     run.checkpoint()
     bert.finish(run, tokens, trainer.model, metadata)

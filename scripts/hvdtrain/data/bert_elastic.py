@@ -8,7 +8,8 @@ inside it), and ``BinPosition`` counts the instances of each bin trained so
 far. Each step draws from one bin (a seeded choice among the steps the bins
 have left, the same on every rank) and takes that bin's next
 ranks x batch x accumulation instances (--global-batch N: N at every size); rank r takes the r-th of ``size``
-near-equal slices of them. After a reset the new world goes on from the
+near-equal slices of them (--balance, without --elastic: slices following the
+ranks' speed, see training/balance.py). After a reset the new world goes on from the
 committed position, so every instance of the epoch is trained exactly once at
 whatever sizes the epoch ran (as ``sampling.ElasticBatchSampler`` does for the
 CNN). A bin's last step takes what is left of it (``sampling.global_steps``),
@@ -59,11 +60,12 @@ class ElasticPretrainingData(PretrainingData):
     """``PretrainingData``'s interface over the global order; ``step_done()`` after each step."""
 
     def __init__(self, directory, metadata, rank, size, seed, micro_batch, accumulation, position,
-                 mlm_probability=0.15, binned=False, reading=contextlib.nullcontext, global_batch=None):
+                 mlm_probability=0.15, binned=False, reading=contextlib.nullcontext, global_batch=None, shares=None):
         super().__init__(directory, metadata, rank, size, seed, micro_batch, accumulation, mlm_probability,
                          binned=binned, reading=reading)
         self.position = position
         self.global_batch = global_batch  # instances per step (None: size x micro_batch x accumulation)
+        self.shares = shares  # --balance: instances per rank and step (a list changed in place), or equal
         self.totals = [sum(sizes) for sizes, _, _ in self.bins]
         self.plan = None  # the step in progress: (step, bin, start, stop, [instance ids])
         self.record = os.environ.get(RECORD_ENV)
@@ -110,8 +112,12 @@ class ElasticPretrainingData(PretrainingData):
         if self.plan is None:
             self.plan = (self.position.steps, *self._next_step(), [])
         step, b, start, stop, _ = self.plan
-        low = start + self.rank * (stop - start) // self.size
-        share = start + (self.rank + 1) * (stop - start) // self.size - low
+        if self.shares is None:
+            low = start + self.rank * (stop - start) // self.size
+            share = start + (self.rank + 1) * (stop - start) // self.size - low
+        else:
+            parts = cut(stop - start, self.shares, self.accumulation)
+            low, share = start + sum(parts[:self.rank]), parts[self.rank]
         return step, b, low + micro * share // self.accumulation, low + (micro + 1) * share // self.accumulation
 
     def batch(self, step, micro):
@@ -148,3 +154,13 @@ class ElasticPretrainingData(PretrainingData):
             ids += [f"{entry['file']}:{start + int(row)}" for row in rows]
             position, count = position + len(rows), count - len(rows)
         return ids
+
+
+def cut(count, shares, minimum):
+    """--balance: ``count`` instances in parts following ``shares`` (exactly them for a whole step,
+    scaled for a bin's last one), each at least ``minimum``."""
+    if count == sum(shares):
+        return list(shares)
+    spare, total = count - minimum * len(shares), sum(shares)
+    bounds = [spare * sum(shares[:r]) // total for r in range(len(shares) + 1)]
+    return [minimum + high - low for low, high in zip(bounds, bounds[1:])]

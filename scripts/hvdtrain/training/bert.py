@@ -49,10 +49,11 @@ class BertSettings(RunSettings):
     vocab_sha256: str
     num_instances: int
     global_batch: Optional[int]  # --elastic: instances per step at every world size (None: ranks x step_batch)
+    balance: bool  # each step's instances split among the ranks by their measured speed
 
     @classmethod
     def saved_as_now(cls, saved):
-        return {"global_batch": None, **saved}  # a checkpoint from before --global-batch
+        return {"global_batch": None, "balance": False, **saved}  # from before --global-batch, --balance
 
 
 @dataclass
@@ -150,9 +151,10 @@ def build_schedule(settings, optimizer):
     return optim.warmup_then_decay(optimizer, warmup, settings.steps, decay="poly", power=settings.poly_power)
 
 
-def training_data(settings, metadata, ctx, position=None):
+def training_data(settings, metadata, ctx, position=None, shares=None):
     """This rank's batches in the current world: its own share of each epoch's shards, or under
-    --elastic (``position``, a bert_elastic.BinPosition) its slices of the epoch's global order."""
+    --elastic or --balance (``position``, a bert_elastic.BinPosition) its slices of the epoch's
+    global order (``shares``: --balance's instances per rank, a balance.Shares' list)."""
     args = (settings.data, metadata, ctx.rank, ctx.size, settings.seed, settings.batch_size,
             settings.accumulation_steps)
     kwargs = dict(mlm_probability=settings.mlm_probability, binned=not settings.no_binning,
@@ -162,7 +164,8 @@ def training_data(settings, metadata, ctx, position=None):
     if settings.global_batch and settings.global_batch < ctx.size * settings.accumulation_steps:
         raise UsageError(f"--global-batch {settings.global_batch} leaves ranks of the {ctx.size} without a "
                          f"sequence for each of {settings.accumulation_steps} micro-batches")
-    return bert_elastic.ElasticPretrainingData(*args, position, global_batch=settings.global_batch, **kwargs)
+    return bert_elastic.ElasticPretrainingData(*args, position, global_batch=settings.global_batch, shares=shares,
+                                               **kwargs)
 
 
 def global_batch(settings, size):
