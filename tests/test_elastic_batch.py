@@ -13,7 +13,7 @@ from support.commands import CNN, PRETRAIN
 from support.elastic_jobs import elastic_command, world_sizes, write_hosts
 from support.launch import launch, python, wait_then
 
-RUN = [CNN, "--elastic", "--model", "convnet", "--epochs", "3", "--batch-size", "16",
+RUN = [CNN, "--elastic", "--model", "convnet", "--epochs", "6", "--batch-size", "16",
        "--lr", "0.01", "--global-batch", "32", "--elastic-commit-every", "5"]
 # A small LR: at 0.1 the first epoch sits on a plateau where float rounding of the
 # sum order (2 x 16 against 1 x 32) grows to 1e-4 by step 45 with or without a resize.
@@ -41,7 +41,7 @@ def test_a_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(need_
     for key, value in weights[1].items():
         torch.testing.assert_close(weights[0][key], value, rtol=0, atol=1e-5, msg=lambda m: f"{key}: {m}")
     rows = [json.loads(line) for line in (resized / "metrics.jsonl").read_text().splitlines()]
-    assert [row["train_samples"] for row in rows] == [1438] * 3, rows
+    assert [row["train_samples"] for row in rows] == [1438] * 6, rows
 
 
 def test_global_batch_needs_elastic(tmp_path):

@@ -93,7 +93,7 @@ def test_fingerprint_leaves_out_only_per_node_paths():
 
 
 def test_image_folder_facts_see_a_renamed_file_but_not_the_folder_s_path(tmp_path):
-    from train_cnn import data_facts
+    from hvdtrain.training.cnn import data_facts
 
     def facts(root):
         train_set, val_set, _, _ = images.image_folder(root, 8, 0)

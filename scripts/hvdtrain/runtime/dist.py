@@ -81,6 +81,12 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
     # the core from the compute threads (or the rank being waited for). Yielding
     # made CNN epochs 2.5x faster under horovodrun --mpi on the 2-core test machine.
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    if elastic:
+        # Horovod's response cache refers to tensors by bit positions agreed in earlier
+        # cycles; a worker that joins after a reset starts with an empty cache. Seen here
+        # under load after a host rejoined: gloo "op.preamble.length <= op.nbytes" aborts
+        # (each rank fusing other tensors). Without the cache every cycle negotiates.
+        os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
     if os.environ.get("HOROVOD_CONTROLLER") == "gloo":  # horovodrun --gloo sets it
         os.environ.setdefault("HOROVOD_CYCLE_TIME", GLOO_CYCLE_TIME_MS)
     hvd.init()  # Horovod: start the background communication thread.
