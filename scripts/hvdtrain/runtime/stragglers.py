@@ -17,7 +17,6 @@ Scores, as in NVIDIA's Resiliency Extension (0-1, 1 is best):
 A difference under 5 % of a step is noise, not a straggler: every score adds
 that much to both times, so a section of microseconds cannot score 0.1.
 """
-import json
 import os
 import socket
 import statistics
@@ -244,18 +243,6 @@ class StragglerWatch:
     def summary(self):
         """For results.json: the latest interval's per-rank table (None before the first)."""
         return self.latest
-
-
-def record(path, latest):
-    """Append the interval's row to ``path`` (stragglers.jsonl; rank 0)."""
-    with open(path, "a") as handle:
-        handle.write(json.dumps(latest) + "\n")
-
-
-def slowest(latest):
-    """(rank, host) of the rank with the lowest busy score in ``latest``."""
-    row = min(latest["ranks"], key=lambda r: r["relative"]["busy"])
-    return row["rank"], row["host"]
 
 
 def write_host(path, host):
