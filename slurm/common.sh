@@ -149,6 +149,11 @@ hvd_requeue_without() {
     [ "$excluded" = "(null)" ] && excluded=""
     hvd_log "requeueing job $SLURM_JOB_ID without node $node (a straggler); its next run resumes from the checkpoint"
     # Held while its excluded nodes change: released, it may start at once.
+    # requeuehold ends this very script (SIGTERM now, SIGKILL after KillWait), so
+    # TERM is ignored from here on, by the shell and by the scontrol it starts
+    # (an ignored signal stays ignored across exec): update and release finish
+    # in that grace even when the controller answers slowly.
+    trap '' TERM
     scontrol requeuehold "$SLURM_JOB_ID" &&
         scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="${excluded:+$excluded,}$node" &&
         scontrol release "$SLURM_JOB_ID" || { hvd_log "requeue without $node failed: resubmit with --exclude=$node"; exit 1; }

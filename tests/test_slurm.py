@@ -4,7 +4,9 @@ Jobs that do not depend on each other are submitted together and run side by
 side (the test node claims 8 CPUs); every wait is bounded.
 """
 import json
+import os
 import re
+import shutil
 import socket
 import time
 from datetime import datetime
@@ -320,6 +322,18 @@ def test_output_dir_lock_across_jobs_and_requeues(slurm_cluster, need_horovod, t
     assert (requeued / "step-000000002.pt").is_file() and not (requeued / "run.lock").exists()
 
 
+def slow_scontrol_update(tmp_path, delay=3):
+    """A PATH whose `scontrol update` answers ``delay`` s late, like a busy controller's:
+    the requeue's update must outlive the SIGTERM that `requeuehold` sends the batch
+    script (a CI run failed when it did not: the job stayed held, no node excluded)."""
+    real = shutil.which("scontrol")
+    shim = tmp_path / "slow-scontrol"
+    shim.mkdir()
+    (shim / "scontrol").write_text(f'#!/bin/bash\n[ "$1" = update ] && sleep {delay}\nexec {real} "$@"\n')
+    (shim / "scontrol").chmod(0o755)
+    return f"{shim}:{os.environ['PATH']}"
+
+
 def test_a_straggler_requeues_the_job_without_its_node(slurm_cluster, need_horovod, tmp_path):
     """--straggler-action checkpoint-exit under sbatch: the ranks exit 5 naming the slow rank's node,
     and the job goes back to the queue with that node excluded (here the only node: it stays pending)."""
@@ -328,15 +342,16 @@ def test_a_straggler_requeues_the_job_without_its_node(slurm_cluster, need_horov
     args = [*QUICK_CNN, "--threads", "1", "--epochs", "3", "--output-dir", out, "--straggler-interval", "10",
             "--straggler-patience", "2", "--straggler-action", "checkpoint-exit"]
     with cpu_share(0.05) as share:
-        job = submit(slurm_cluster, SLURM / "train_cnn.sbatch", log, args)
+        job = slurm_cluster.sbatch(["--output", log, SLURM / "train_cnn.sbatch", *map(str, args)],
+                                   env={"LAUNCHER": "srun", "PATH": slow_scontrol_update(tmp_path)})
         deadline = time.monotonic() + JOB_TIMEOUT
         while not ((out / "run.lock").exists() and rank_pids(str(out), rank=1)) and time.monotonic() < deadline:
             time.sleep(0.2)
         for pid in rank_pids(str(out), rank=1):
             share.add(pid)
         node = slurm_cluster.nodes[0][0]
-        info = slurm_cluster.wait_for(job, lambda i: node in i.get("ExcNodeList", ""), "requeued without its node",
-                                      JOB_TIMEOUT)
+        info = slurm_cluster.wait_for(job, lambda i: node in i.get("ExcNodeList", "") and i.get("JobState") == "PENDING",
+                                      "requeued without its node", JOB_TIMEOUT)
     slurm_cluster.run(["scancel", job], check=False)
     text = log.read_text()
     assert f"rank 1 on {socket.gethostname()} is the straggler" in text, text
