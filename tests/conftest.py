@@ -6,7 +6,7 @@ import pytest
 
 from support.needs import cuda_gpus, require_module, require_program
 from support.slurm_cluster import SlurmCluster, require_slurm
-from support.two_hosts import TwoHosts, require_two_hosts
+from support.hosts import Hosts, require_hosts
 
 
 @pytest.fixture
@@ -38,9 +38,19 @@ def slurm_cluster():
 
 @pytest.fixture(scope="session")
 def two_hosts():
-    """hvd-a and hvd-b, two network namespaces with sshd on hvd-b, for the session."""
-    require_two_hosts()
-    hosts = TwoHosts().start()
+    """hvd-a and hvd-b, two network namespaces with sshd, for the session."""
+    yield from _hosts(["hvd-a", "hvd-b"], "10.77.0")
+
+
+@pytest.fixture(scope="session")
+def four_hosts():
+    """node1-node4 on one bridge, each with sshd: the four-node cluster, for the session."""
+    yield from _hosts([f"node{i}" for i in range(1, 5)], "10.78.0")
+
+
+def _hosts(names, subnet):
+    require_hosts()
+    hosts = Hosts(names, subnet).start()
     try:
         yield hosts
     finally:

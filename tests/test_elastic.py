@@ -4,7 +4,7 @@ The host discovery script reads a hostfile the test rewrites. On one machine
 the two "hosts" are the names localhost and 127.0.0.1 (one slot each: the
 project's Horovod patch blacklists a host when every slot it had failed, so the
 killed worker's host leaves), and across the two network-namespace hosts of
-support/two_hosts.py they are hvd-a and hvd-b. With two slots on one host
+support/hosts.py they are hvd-a and hvd-b. With two slots on one host
 (``localhost slots=2``, the README's example) the host stays and the failed
 slot gets a new worker.
 
@@ -23,7 +23,7 @@ from support.bert_data import all_instances, make_small_static_data, trained_ins
 from support.elastic_jobs import elastic_command, world_sizes, write_hosts
 from support.launch import SCRIPTS, launch, python, wait_then
 from support.ranks import cpu_share, require_cpu_cgroup
-from support.two_hosts import INTERFACE  # the two_hosts session fixture comes from conftest
+from support.hosts import INTERFACE  # the two_hosts session fixture comes from conftest
 
 DIGITS_TRAIN = 1438  # digits samples left for training by the fixed validation split
 # A checkpoint at step 50 (written after the commit there): 5 steps into epoch 2 at two workers
@@ -142,7 +142,7 @@ def test_a_killed_worker_on_another_host(need_horovod, two_hosts, tmp_path):
     write_hosts(hostfile, "hvd-a slots=1", "hvd-b slots=1")
     killed = []
     wait_then(lambda: mid_epoch_checkpoint(out), lambda: kill_worker(out, "hvd-b", killed), 200)
-    ran = launch(two_hosts.on_a(elastic_command(hostfile, 2, [*CNN, "--output-dir", out], interface=INTERFACE)),
+    ran = launch(two_hosts.on_first(elastic_command(hostfile, 2, [*CNN, "--output-dir", out], interface=INTERFACE)),
         timeout=300, env=two_hosts.env())
     assert ran.returncode == 0, ran.describe()
     assert killed, "the worker on hvd-b was never found to kill"

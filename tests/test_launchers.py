@@ -4,7 +4,7 @@
     horovodrun --host-discovery-script "python scripts/discover_hosts.py FILE" ...  (elastic, growing)
 
 and mpirun and horovodrun across two real hosts (network namespaces with sshd,
-see support/two_hosts.py). The one-machine forms with hostfiles/localhost* run as the
+see support/hosts.py). The one-machine forms with hostfiles/localhost* run as the
 README writes them in test_readme.py.
 """
 import json
@@ -12,7 +12,7 @@ import sys
 import time
 
 from support.launch import REPO, SCRIPTS, launch, python, wait_then
-from support.two_hosts import INTERFACE, sh
+from support.hosts import INTERFACE
 
 HOSTFILES = REPO / "hostfiles"
 TINY_CNN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--epochs", "1", "--max-steps", "3"]
@@ -71,7 +71,7 @@ def two_host_hostfile(tmp_path, fmt):
 def test_mpirun_across_two_hosts(need_horovod, need_mpi, two_hosts, tmp_path):
     """One slot per host and no oversubscription: rank 1 can only run on hvd-b, over ssh."""
     hostfile = two_host_hostfile(tmp_path, "openmpi")
-    ran = launch(two_hosts.on_a([
+    ran = launch(two_hosts.on_first([
         "mpirun", "-np", "2", "-hostfile", hostfile, "--bind-to", "none",
         "-mca", "btl_tcp_if_include", INTERFACE, "-mca", "oob_tcp_if_include", INTERFACE,
         "-x", "PATH", "-x", "OMP_NUM_THREADS", "-x", "PYTHONUNBUFFERED",
@@ -82,7 +82,7 @@ def test_mpirun_across_two_hosts(need_horovod, need_mpi, two_hosts, tmp_path):
 
 def test_horovodrun_across_two_hosts(need_horovod, two_hosts, tmp_path):
     hostfile = two_host_hostfile(tmp_path, "horovodrun")
-    ran = launch(two_hosts.on_a([
+    ran = launch(two_hosts.on_first([
         "horovodrun", "-np", "2", "--hostfile", hostfile, "--gloo", "--network-interface", INTERFACE,
         sys.executable, *TINY_CNN, "--output-dir", tmp_path / "run"]),
         timeout=240, env=two_hosts.env())
@@ -98,12 +98,12 @@ def test_a_partitioned_host_ends_an_mpirun_job_with_one_line_naming_it(need_horo
 
     def partition():
         cut["at"] = time.monotonic()
-        sh(["ip", "-n", two_hosts.namespaces["hvd-b"], "link", "set", INTERFACE, "down"])
+        two_hosts.link("hvd-b", "down")
 
     # Training has begun once the first periodic checkpoint is on disk.
     watcher = wait_then(lambda: any(out.glob("step-*.pt")), partition, 200)
     try:
-        ran = launch(two_hosts.on_a([
+        ran = launch(two_hosts.on_first([
             "mpirun", "-np", "2", "-hostfile", hostfile, "--bind-to", "none",
             "-mca", "btl_tcp_if_include", INTERFACE, "-mca", "oob_tcp_if_include", INTERFACE,
             "-x", "PATH", "-x", "OMP_NUM_THREADS", "-x", "PYTHONUNBUFFERED", "-x", "HVDTRAIN_WATCHDOG_FLOOR_SECONDS",
@@ -115,7 +115,7 @@ def test_a_partitioned_host_ends_an_mpirun_job_with_one_line_naming_it(need_horo
         ended = time.monotonic()
     finally:
         watcher.join(timeout=1)
-        sh(["ip", "-n", two_hosts.namespaces["hvd-b"], "link", "set", INTERFACE, "up"])  # for the next tests
+        two_hosts.link("hvd-b", "up")  # for the next tests
     assert "at" in cut, ran.describe()
     assert not ran.timed_out and ran.returncode != 0, ran.describe()
     assert ended - cut["at"] < 120, f"ended {ended - cut['at']:.0f} s after the partition\n{ran.describe()}"

@@ -1,4 +1,4 @@
-"""slurm/ on a real two-node Slurm cluster: one slurmd on each of support/two_hosts.py's hosts.
+"""slurm/ on a real two-node Slurm cluster: one slurmd on each of support/hosts.py's hosts.
 
     hvd-a 10.77.0.1: slurmctld, slurmd -N hvd-a    hvd-b 10.77.0.2: slurmd -N hvd-b, sshd
 
@@ -21,7 +21,7 @@ from support.needs import require_module, require_program
 from support.slurm_cluster import SlurmCluster, require_slurm
 from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, events,
                                 final_checkpoint, probe_sbatch, send_usr1_to_batch_shell)
-from support.two_hosts import HOSTS
+
 
 JOB_TIMEOUT = 420  # ten jobs of two ranks share this machine's cores
 # The ranks' interpreter: prints the host each rank runs on, then runs python.
@@ -45,7 +45,7 @@ PROBES = {"probe-srun": ("srun", "", "SIGUSR1"), "probe-mpirun": ("mpirun", "", 
 def two_node_slurm(two_hosts):
     """slurmctld and slurmd hvd-a on host hvd-a, slurmd hvd-b on host hvd-b."""
     require_slurm()
-    cluster = SlurmCluster.start(list(HOSTS.items()), two_hosts.on)
+    cluster = SlurmCluster.start(list(two_hosts.addresses.items()), two_hosts.on)
     try:
         yield cluster
     finally:
@@ -164,7 +164,7 @@ def test_usr1_stops_both_nodes_at_one_step_and_they_resume(two_node_jobs, name):
         assert happened == [("start", 0), ("stop", 0), ("start", 1), ("done", 1)], seen
         assert seen[0]["size"] == 2 and seen[0]["host"] == seen[1]["host"], seen
         by_host[seen[0]["host"]] = seen
-    assert sorted(by_host) == sorted(HOSTS), by_host
+    assert sorted(by_host) == ["hvd-a", "hvd-b"], by_host
     stop_a, stop_b = by_host["hvd-a"][1], by_host["hvd-b"][1]
     assert stop_a["signal"] == "SIGUSR1" and stop_b["signal"] == PROBES[name][2], (stop_a, stop_b)
     assert stop_a["step"] == stop_b["step"] < PROBE_STEPS, (stop_a, stop_b)

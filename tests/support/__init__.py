@@ -6,9 +6,9 @@
     commands.py       the scripts and the small argument sets the tests launch them with
     image_data.py     small image folders and CIFAR-10 files
     bert_data.py      small prepared BERT data sets
-    slurm_cluster.py  a real Slurm cluster on this machine (or on two_hosts' hosts)
+    slurm_cluster.py  a real Slurm cluster on this machine (or on hosts.py's hosts)
     slurm_jobs.py     the sbatch files' jobs: probes, events, requeue checks
-    two_hosts.py      two hosts on one machine: network namespaces, sshd on the second
+    hosts.py          hosts on one machine: network namespaces on a bridge, each with sshd
     fault_cells.py    the fault matrix's cells (tests/test_faults.py, tools/fault_matrix.py)
     locks.py          run.lock files as another run would have written them
 

@@ -12,7 +12,7 @@ Every command runs with a timeout; nothing here can hang a test run.
 
 Several nodes: ``SlurmCluster.start(nodes, on_node)`` with ``nodes`` as
 [(name, address)] and ``on_node(name, command)`` the command run on that host
-(two_hosts.py's network namespaces: see tests/test_slurm_two_nodes.py). Then a slurmd
+(hosts.py's network namespaces: see tests/test_slurm_two_nodes.py). Then a slurmd
 runs on each host as ``slurmd -N name``, slurmctld and every Slurm command on
 the first, and each node has a munged of its own, as on a real cluster (see
 SlurmCluster.on for why).

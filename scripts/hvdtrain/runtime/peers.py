@@ -27,6 +27,8 @@ import time
 
 import horovod.torch as hvd
 
+from hvdtrain.launch.hosts import this_host
+
 BEAT_SECONDS = 2.0
 SILENT_SECONDS = 10.0  # not heard for this long: frozen, dead or cut off
 REPORTED = b"reported"  # rank 0 to every rank: the job's one line is out
@@ -134,7 +136,7 @@ def start(rank, step=lambda: None):
     """Every rank's heartbeat; a collective (rank 0's addresses out, the host names in)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("0.0.0.0", int(os.environ.get(PORT_ENV, "0")) if rank == 0 else 0))
-    host = socket.gethostname()
+    host = this_host()
     # Horovod: every rank learns every rank's host, and where rank 0 listens (a few bytes each).
     hosts = hvd.allgather_object(host, name="hvdtrain.peers.hosts")
     root = hvd.broadcast_object((_addresses(), sock.getsockname()[1]) if rank == 0 else None,

@@ -285,8 +285,10 @@ class Run:
 
     def write_results(self, results):
         ranks = self.stragglers.summary()  # the latest interval's per-rank timings
+        placement = self.stragglers.placement  # every rank's host, local rank and size, threads
         return self.log.results({**results, "skipped_steps": self.state.skipped_steps,
-                                 **({"ranks": ranks} if ranks else {})})
+                                 **({"ranks": ranks} if ranks else {}),
+                                 **({"placement": placement} if placement else {})})
 
     def stop_after_already_reached(self):
         """True when this launch must not train: --stop-after STEP was reached by an earlier

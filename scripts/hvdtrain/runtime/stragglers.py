@@ -18,7 +18,6 @@ A difference under 5 % of a step is noise, not a straggler: every score adds
 that much to both times, so a section of microseconds cannot score 0.1.
 """
 import os
-import socket
 import statistics
 import time
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ import horovod.torch as hvd
 
 from hvdtrain import cli
 from hvdtrain.errors import STRAGGLER_EXIT, UsageError
+from hvdtrain.launch.hosts import this_host
 
 SECTIONS = ("data", "compute", "comm", "optimizer")
 BUSY = ("data", "compute", "optimizer")  # the rank's own work; comm is mostly waiting for others
@@ -61,12 +61,6 @@ def check_settings(settings, env):
         raise UsageError(f"--straggler-action exclude needs --elastic and {EXCLUDED_HOSTS_VAR}=FILE in "
                          "horovodrun's environment (scripts/discover_hosts.py leaves the hosts in FILE out)",
                          on_every_rank=True)
-
-
-def this_host():
-    """This rank's host as its launcher knows it: horovodrun's name for it (also discovery's), else the
-    machine's host name."""
-    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
 
 
 class SectionTimer:
@@ -171,6 +165,12 @@ def speed_without(table, rank):
     return (max(others) + transfer) / (max(busy) + transfer)
 
 
+def placement(rank):
+    """Where this rank runs: what a wrong node layout gets wrong (ranks per node, threads)."""
+    return {"rank": rank, "host": this_host(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
+            "threads": torch.get_num_threads()}
+
+
 class StragglerWatch:
     """Times this rank's steps and, every ``interval`` steps, scores every rank. Collective."""
 
@@ -186,7 +186,7 @@ class StragglerWatch:
     def follow(self, rank, size):
         """A new world (a start, an --elastic reset): hosts, bests and streaks start over."""
         self.rank, self.size = rank, size
-        self.hosts = None
+        self.placement = None  # every rank's host, local rank and size, threads: gathered once per world
         self.best_busy = None
         self.below = [0] * size  # intervals in a row below the threshold
         self.named = set()  # ranks already named, until they recover
@@ -207,14 +207,14 @@ class StragglerWatch:
         table = scores(per_step, self.best_busy)
         self.best_busy = [row["best_busy_s"] for row in table]
         for row in table:
-            row["host"] = self.hosts[row["rank"]]
+            row["host"] = self.placement[row["rank"]]["host"]
         self.latest = {"step": step, "ranks": table}
         return self._verdict(table)
 
     def _gather(self):
-        if self.hosts is None:
-            # Horovod: every rank's host name, once per world (a few bytes each)
-            self.hosts = hvd.allgather_object(this_host(), name="hvdtrain.stragglers.hosts")
+        if self.placement is None:
+            # Horovod: where every rank runs, once per world (a few bytes each)
+            self.placement = hvd.allgather_object(placement(self.rank), name="hvdtrain.stragglers.placement")
         mine = torch.tensor([[self.timer.seconds[s] / self.timer.steps for s in SECTIONS]], dtype=torch.float64)
         # Horovod: every rank's seconds per step in each section, on every rank
         gathered = hvd.allgather(mine, name="hvdtrain.stragglers.times")

@@ -1,13 +1,23 @@
-"""Two real hosts on one machine: network namespaces joined by a veth pair, sshd on the second.
+"""Real hosts on one machine: network namespaces on a bridge, each with sshd.
 
-    hvd-a 10.77.0.1  <-- veth "hvd0" -->  10.77.0.2 hvd-b (sshd)
+    Hosts(["hvd-a", "hvd-b"], "10.77.0")        the suite's two hosts (fixture two_hosts)
+    Hosts(["node1", ..., "node4"], "10.78.0")   its four-node cluster (fixture four_hosts)
 
-Each "host" has its own network stack, IP address and host name (a UTS
-namespace), so mpirun and horovodrun treat hvd-b as a remote machine and reach
-it over ssh, exactly as on a cluster. Commands run "on hvd-a" through
-``TwoHosts.on_a(command)``; an ``ssh`` wrapper early on PATH uses a private key
-and known-hosts file, so nothing in ~/.ssh is read or written. Everything is
-removed at the end; every command has a timeout.
+    node1 10.78.0.1 --hvd0--+
+    node2 10.78.0.2 --hvd0--+-- bridge (in a namespace of its own: the "switch")
+    ...                     |
+
+Each host has its own network stack, IP address and host name (a UTS
+namespace), so mpirun and horovodrun treat the others as remote machines and
+reach them over ssh, exactly as on a cluster; every host runs an sshd (a
+launcher may reach its own host over ssh too). Commands run "on the first
+host" through ``hosts.on_first(command)``; an ``ssh`` wrapper early on PATH uses
+a private key and known-hosts file, so nothing in ~/.ssh is read or written.
+A host's link can be taken down in its namespace (``hosts.link(name, "down")``):
+its processes live on, its packets are lost, as in a network partition.
+Two instances never meet (own namespaces, bridge and subnet), so their tests
+may run side by side. Everything is removed at the end; every command has a
+timeout.
 """
 import os
 import shutil
@@ -19,8 +29,7 @@ from pathlib import Path
 
 from .needs import require, require_program
 
-HOSTS = {"hvd-a": "10.77.0.1", "hvd-b": "10.77.0.2"}
-INTERFACE = "hvd0"  # the same name on both hosts: horovodrun --network-interface wants one
+INTERFACE = "hvd0"  # the same name on every host: horovodrun --network-interface wants one
 SSHD = "/usr/sbin/sshd"
 INSTALL_HINT = "apt-get install openssh-server openssh-client iproute2 util-linux (or `make setup` as root)"
 
@@ -35,7 +44,7 @@ KbdInteractiveAuthentication no
 UsePAM no
 UseDNS no
 StrictModes no
-PidFile {root}/sshd.pid
+PidFile {root}/sshd.{name}.pid
 LogLevel ERROR
 """
 
@@ -59,14 +68,16 @@ def sh(command, timeout=20):
     return result.stdout
 
 
-class TwoHosts:
-    def __init__(self):
-        tag = f"{os.getpid()}"
-        self.namespaces = {"hvd-a": f"hvdtest{tag}a", "hvd-b": f"hvdtest{tag}b"}
-        self.veth = (f"hv{tag}a"[-15:], f"hv{tag}b"[-15:])
+class Hosts:
+    def __init__(self, names, subnet):
+        self.addresses = {name: f"{subnet}.{i}" for i, name in enumerate(names, start=1)}
+        self.names = list(names)
+        tag = f"{os.getpid()}{subnet.split('.')[1]}"
+        self.namespaces = {name: f"hvdtest{tag}{name}" for name in names}
+        self.switch = f"hvdtest{tag}sw"
         self.root = Path(tempfile.mkdtemp(prefix="hvd-hosts-"))
         self.created = []  # what to remove, newest last
-        self.sshd = None
+        self.sshd = []
 
     def start(self):
         try:
@@ -80,23 +91,32 @@ class TwoHosts:
         return self
 
     def _network(self):
-        for name, namespace in self.namespaces.items():
+        """A bridge in the switch's namespace; a veth pair from it to each host (named hvd0 there)."""
+        for namespace in [self.switch, *self.namespaces.values()]:
             sh(["ip", "netns", "add", namespace])
             self.created.append(("netns", namespace))
-        sh(["ip", "link", "add", self.veth[0], "type", "veth", "peer", "name", self.veth[1]])
-        for (name, namespace), veth in zip(self.namespaces.items(), self.veth):
-            sh(["ip", "link", "set", veth, "netns", namespace])
-            sh(["ip", "-n", namespace, "link", "set", veth, "name", INTERFACE])
-            sh(["ip", "-n", namespace, "addr", "add", f"{HOSTS[name]}/24", "dev", INTERFACE])
+        sh(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
+        sh(["ip", "-n", self.switch, "link", "set", "br0", "up"])
+        for i, (name, namespace) in enumerate(self.namespaces.items()):
+            port, end = f"port{i}", f"host{i}"  # made in the switch's own namespace: no clash
+            sh(["ip", "-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", end])
+            sh(["ip", "-n", self.switch, "link", "set", port, "master", "br0", "up"])
+            sh(["ip", "-n", self.switch, "link", "set", end, "netns", namespace])
+            sh(["ip", "-n", namespace, "link", "set", end, "name", INTERFACE])
+            sh(["ip", "-n", namespace, "addr", "add", f"{self.addresses[name]}/24", "dev", INTERFACE])
             sh(["ip", "-n", namespace, "link", "set", INTERFACE, "up"])
             sh(["ip", "-n", namespace, "link", "set", "lo", "up"])
+
+    def link(self, name, state):
+        """Take host ``name``'s link "down" (a partition: processes alive, packets lost) or "up"."""
+        sh(["ip", "-n", self.namespaces[name], "link", "set", INTERFACE, state])
 
     def _hosts_files(self):
         """`ip netns exec` bind-mounts /etc/netns/<namespace>/hosts over /etc/hosts."""
         if not Path("/etc/netns").exists():
             Path("/etc/netns").mkdir()
             self.created.append(("dir", "/etc/netns"))
-        text = "127.0.0.1 localhost\n" + "".join(f"{ip} {name}\n" for name, ip in HOSTS.items())
+        text = "127.0.0.1 localhost\n" + "".join(f"{ip} {name}\n" for name, ip in self.addresses.items())
         for namespace in self.namespaces.values():
             directory = Path("/etc/netns") / namespace
             directory.mkdir()
@@ -108,7 +128,6 @@ class TwoHosts:
             sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", self.root / key])
         shutil.copy(self.root / "client_key.pub", self.root / "authorized_keys")
         (self.root / "ssh_config").write_text(SSH_CONFIG.format(root=self.root))
-        (self.root / "sshd_config").write_text(SSHD_CONFIG.format(root=self.root, address=HOSTS["hvd-b"]))
         self.bin = self.root / "bin"
         self.bin.mkdir()
         wrapper = self.bin / "ssh"
@@ -119,28 +138,53 @@ class TwoHosts:
         if not Path("/run/sshd").exists():  # sshd's privilege separation directory
             Path("/run/sshd").mkdir(mode=0o755)
             self.created.append(("dir", "/run/sshd"))
-        log = open(self.root / "sshd.log", "w")
-        self.sshd = subprocess.Popen(
-            ["ip", "netns", "exec", self.namespaces["hvd-b"], "unshare", "--uts", "sh", "-c",
-             f"hostname hvd-b && exec {SSHD} -D -e -f {self.root}/sshd_config"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        for name in self.names:
+            config = self.root / f"sshd_config.{name}"
+            config.write_text(SSHD_CONFIG.format(root=self.root, address=self.addresses[name], name=name))
+            with open(self.root / f"sshd.{name}.log", "w") as log:
+                self.sshd.append(subprocess.Popen(self.on(name, [SSHD, "-D", "-e", "-f", config]),
+                                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                                  start_new_session=True))
+        for name in self.names:
+            self._wait_for_sshd(name)
+
+    def _wait_for_sshd(self, name):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            probe = subprocess.run(self.on_a(["ssh", "hvd-b", "hostname"]), env={**os.environ, **self.env()},
+            probe = subprocess.run(self.on_first(["ssh", name, "hostname"]), env={**os.environ, **self.env()},
                                    capture_output=True, text=True, timeout=20)
-            if probe.stdout.strip() == "hvd-b":
+            if probe.stdout.strip() == name:
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"sshd on hvd-b did not answer:\n{(self.root / 'sshd.log').read_text()}")
+        raise RuntimeError(f"sshd on {name} did not answer:\n{(self.root / f'sshd.{name}.log').read_text()}")
+
+    def pids(self, name, marker):
+        """The processes in host ``name`` whose command line holds ``marker`` (e.g. a script's name)."""
+        listed = sh(["ip", "netns", "pids", self.namespaces[name]]).split()
+        found = []
+        for pid in listed:
+            try:
+                if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(int(pid))
+            except OSError:
+                pass  # gone meanwhile
+        return found
+
+    def vanish(self, name, marker):
+        """Host ``name`` dies as a node does: every process of ``marker`` on it SIGKILLed at once."""
+        for pid in self.pids(name, marker):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
 
     def on(self, host, command):
         """``command`` run on ``host`` (its network namespace and host name)."""
         return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts", "sh", "-c",
                 f'hostname {host} && exec "$@"', "sh", *[str(c) for c in command]]
 
-    def on_a(self, command):
-        return self.on("hvd-a", command)
+    def on_first(self, command):
+        return self.on(self.names[0], command)
 
     def env(self):
         """Environment additions for commands on the hosts: the ssh wrapper, then the venv, first on PATH."""
@@ -157,9 +201,9 @@ class TwoHosts:
                     os.kill(int(pid), 9)
                 except (ProcessLookupError, ValueError):
                     pass
-        if self.sshd is not None:
-            self.sshd.kill()
-            self.sshd.wait(timeout=10)
+        for sshd in self.sshd:
+            sshd.kill()
+            sshd.wait(timeout=10)
         for kind, what in reversed(self.created):
             if kind == "netns":
                 subprocess.run(["ip", "netns", "del", what], timeout=10, capture_output=True)
@@ -173,8 +217,8 @@ class TwoHosts:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def require_two_hosts():
+def require_hosts():
     for program in ("ip", "ssh", "ssh-keygen", "unshare"):
         require_program(program, INSTALL_HINT)
     require(Path(SSHD).exists(), f"`{SSHD}`", INSTALL_HINT)
-    require(os.geteuid() == 0, "root (network namespaces need it)", "run the two-host tests as root, as CI does")
+    require(os.geteuid() == 0, "root (network namespaces need it)", "run the multi-host tests as root, as CI does")
