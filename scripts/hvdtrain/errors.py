@@ -94,14 +94,26 @@ def is_peer_failure(error):
     return name == "HorovodInternalError" or "gloo" in str(error).lower()
 
 
-def describe(error, who):
+# Who else is alive (runtime/peers.py, set once the heartbeat runs): on a peer
+# failure it says whether this rank speaks for the job, and names the lost ranks.
+_witness = None
+
+
+def set_peer_witness(witness):
+    """``witness.on_peer_failure()`` -> None (stay quiet: rank 0 speaks for the job) or a
+    detail for this rank's line ("" when it knows no more); ``witness.announce_reported()``."""
+    global _witness
+    _witness = witness
+
+
+def describe(error, who, detail=""):
     """One line: who ("rank 1", or the script when launched alone), and what ended it."""
     # Horovod's messages run on for several sentences: the first says what happened.
     first_line = (str(error).strip().splitlines() or [""])[0].split(". ")[0][:200]
     after = f" after step {_last_step}" if _last_step is not None else ""
     if is_peer_failure(error):
-        return (f"{who}: error: a collective failed{after}: another rank died, froze or left the job "
-                f"({type(error).__name__}: {first_line})")
+        return (f"{who}: error: a collective failed{after}: another rank died, froze or left the job"
+                f"{'; ' + detail if detail else ''} ({type(error).__name__}: {first_line})")
     where = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
     place = f" at {os.path.relpath(where.filename)}:{where.lineno} in {where.name}" if where else ""
     return (f"{who}: error: {type(error).__name__}{after}: {first_line}{place} "
@@ -114,7 +126,13 @@ def report(error):
         traceback.print_exception(error)
     launched = any(os.environ.get(name) for name in LAUNCHER_RANK_VARS)
     who = f"rank {launcher_rank()}" if launched else os.path.basename(sys.argv[0])
-    print(describe(error, who), file=sys.stderr, flush=True)
+    # A lost node fails the collective on every survivor at once: one line (rank 0's) for the job.
+    witness = _witness if is_peer_failure(error) else None
+    detail = witness.on_peer_failure() if witness else ""
+    if detail is not None:
+        print(describe(error, who, detail), file=sys.stderr, flush=True)
+        if witness:
+            witness.announce_reported()
     # A normal exit (atexit: the run lock, Horovod's shutdown), unless the shutdown
     # waits on a peer that is gone.
     threading.Thread(target=_exit_after_grace, daemon=True).start()

@@ -27,6 +27,7 @@ CAUSES = {
     "stop": re.compile(r"rank \d+: error: .*(frozen|froze|stopped)"),
     "deadlock": re.compile(r"rank 1: error: no training progress .* main thread is stuck outside any collective"),
     "kill": re.compile(r"(rank|Process|task) 1\b.*(Killed|status code 137|signal 9)"
+                       r"|Process name: 1 \(on \S+\) Exit code: 137"
                        r"|rank 0: error: a collective failed after step \d+: another rank died"),
     "raise": re.compile(r"rank 1: error: RuntimeError after step \d+: injected fault"),
 }

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 
-from hvdtrain import cli
+from hvdtrain import cli, errors
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime import peers, watchdog as watchdog_module
 
@@ -112,6 +112,7 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
     watchdog = watchdog_module.from_env(hvd.rank())
     if not elastic and hvd.size() > 1:  # who else is alive, so a hang can name the lost ranks and hosts
         watchdog.peers = peers.start(hvd.rank(), step=lambda: watchdog.step_number)
+        errors.set_peer_witness(watchdog.peers)  # a lost peer: one line, rank 0's, naming it
     return Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                    local_size=hvd.local_size(), device=device, watchdog=watchdog)
 

@@ -31,6 +31,9 @@ from hvdtrain.launch.hosts import this_host
 
 BEAT_SECONDS = 2.0
 SILENT_SECONDS = 10.0  # not heard for this long: frozen, dead or cut off
+# After a failed collective: not heard for this long (two beats and a margin), a rank is lost.
+LOST_AFTER_SECONDS = 2 * BEAT_SECONDS + 0.5
+LINGER_SECONDS = 15.0  # a quiet rank waits this long at most for rank 0's line
 REPORTED = b"reported"  # rank 0 to every rank: the job's one line is out
 PORT_ENV = "HVDTRAIN_HEARTBEAT_PORT"  # rank 0's UDP port (default: any free one)
 
@@ -84,6 +87,28 @@ class Peers:
             share = f"all {on_host}" if len(members) == on_host else f"{len(members)} of {on_host}"
             parts.append(f"{rank_list(members)} ({share} on {host})")
         return ", ".join(parts)
+
+    def on_peer_failure(self):
+        """A collective failed (a peer died or left): what this rank says about it (errors.report).
+
+        Rank 0 waits a few beats for the lost ranks to fall silent and names them
+        ("" when none did); another rank that still hears rank 0 stays quiet (None)
+        and keeps beating until rank 0 has spoken or LINGER_SECONDS pass, so that
+        rank 0 does not take it for lost too. A rank that no longer hears rank 0
+        speaks for itself ("").
+        """
+        if self.rank == 0:
+            deadline = time.monotonic() + LOST_AFTER_SECONDS + BEAT_SECONDS
+            while not self.silent_ranks(LOST_AFTER_SECONDS) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if self.silent_ranks(LOST_AFTER_SECONDS):
+                time.sleep(BEAT_SECONDS)  # the others lost with the first (a node's ranks) fall silent too
+            silent = self.silent_ranks(LOST_AFTER_SECONDS)
+            return f"lost {self.describe(silent)}" if silent else ""
+        if not self.hears_root(LOST_AFTER_SECONDS):
+            return ""
+        self.reported.wait(LINGER_SECONDS)
+        return None
 
     def announce_reported(self):
         """Rank 0, having printed the job's line: tell every rank, so that none adds its own.
