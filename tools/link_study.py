@@ -3,8 +3,8 @@
 
     .venv/bin/python tools/link_study.py --output-dir runs/link-study     # as root
 
-Builds hvd-a and hvd-b (tests/support/two_hosts.py: two network namespaces joined by a
-veth pair, sshd on hvd-b), limits the link with tc's token-bucket filter in
+Builds hvd-a and hvd-b (tests/support/hosts.py: two network namespaces on a
+bridge, each with sshd), limits the link with tc's token-bucket filter in
 both directions, and runs ``scripts/benchmark.py train`` with one rank per host
 under ``horovodrun --mpi`` (or ``--gloo``) for each link rate, model, gradient compression and
 fusion threshold, plus one single-rank run per model (the efficiency base).
@@ -13,7 +13,7 @@ Writes study.json, study.md (the table) and study.png.
 
 Both "hosts" share this machine's cores, one thread per rank. netem is not in
 every kernel (not in this machine's): then only the rate is shaped and the
-round-trip time is the veth pair's own (tens of microseconds).
+round-trip time is the veth pairs' and the bridge's own (tens of microseconds).
 """
 import argparse
 import json
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from support.launch import SCRIPTS, launch
-from support.two_hosts import INTERFACE, TwoHosts, require_two_hosts, sh
+from support.hosts import INTERFACE, Hosts, require_hosts, sh
 
 BENCH = SCRIPTS / "benchmark.py"
 # Sizes that take seconds per step on one CPU core.
@@ -74,7 +74,7 @@ def on_two_hosts(hosts, np, arguments, args):
     # One rank stays on hvd-a (horovodrun's local host); two use one slot on each host.
     hosts_args = [] if np == 1 else ["-H", "hvd-a:1,hvd-b:1", "--network-interface", INTERFACE]
     command = ["horovodrun", "-np", str(np), *hosts_args, f"--{args.controller}", sys.executable, BENCH, *arguments]
-    ran = launch(hosts.on_a(command), timeout=args.timeout, env=hosts.env())
+    ran = launch(hosts.on_first(command), timeout=args.timeout, env=hosts.env())
     if ran.returncode != 0 or ran.timed_out:
         raise SystemExit(f"link_study.py: error: a launch failed:\n{ran.describe()}")
     return ran
@@ -163,8 +163,8 @@ def plot(summary, path):
 
 def main():
     args = parse_args()
-    require_two_hosts()
-    hosts = TwoHosts().start()
+    require_hosts()
+    hosts = Hosts(["hvd-a", "hvd-b"], "10.77.0").start()
     try:
         study(args, hosts)
     finally:
