@@ -136,3 +136,55 @@ def test_a_node_that_vanishes_ends_the_job_within_seconds_naming_it(four_hosts, 
                   "background loop uncaught exception"):
         assert noise not in run.output, run.describe()
     print(f"a vanished node at {RANKS} ranks under {launcher}: the job ended {ended - killed['at']:.0f} s later")
+
+
+def rank_error_lines(output):
+    return [line for line in output.splitlines() if re.search(r"rank \d+: error:", line)]
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_a_frozen_node_ends_the_job_with_one_line_naming_it(four_hosts, launcher, tmp_path):
+    """node4's four ranks SIGSTOPped at once after step 15: one line, rank 0's, names them and
+    their host (the watchdog under mpirun; Gloo's transport timeout under horovodrun --gloo)."""
+    started = time.monotonic()
+    run = on_four_hosts(four_hosts, tmp_path, launcher,
+                        [*SMALL, "--batch-size", "4", "--epochs", "3", "--output-dir", tmp_path / "run"],
+                        env={"HVDTRAIN_FAULT": "rank=12-15,step=15,kind=stop", "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"})
+    elapsed = time.monotonic() - started
+    assert run.returncode != 0 and not run.timed_out, run.describe()
+    errors = rank_error_lines(run.output)
+    assert len(errors) == 1 and "rank 0: error:" in errors[0], run.describe()
+    assert "ranks 12-15 (all 4 on node4)" in errors[0], run.describe()
+    assert "terminate called" not in run.output and not RANK_TRACEBACK.search(run.output), run.describe()
+    print(f"a frozen node at {RANKS} ranks under {launcher}: one line, {elapsed:.0f} s in all: {errors[0]}")
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_a_partitioned_node_ends_the_job_within_120_s_with_one_line(four_hosts, launcher, tmp_path):
+    """node4's link taken down mid-training (its ranks alive, their packets lost): the job ends
+    within 120 s of the partition, one line from the ranks names node4's ranks, nothing after it."""
+    out = tmp_path / "run"
+    cut = {}
+
+    def partition():
+        cut["at"] = time.monotonic()
+        four_hosts.link("node4", "down")
+
+    watcher = wait_then(lambda: any(out.glob("step-*.pt")), partition, TIMEOUT)
+    try:
+        run = on_four_hosts(four_hosts, tmp_path, launcher,
+                            ["--dataset", "synthetic", "--synthetic-samples", "100000", *SMALL, "--batch-size", "4",
+                             "--epochs", "5", "--checkpoint-every", "10", "--output-dir", out],
+                            env={"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "20"})
+        ended = time.monotonic()
+    finally:
+        watcher.join(timeout=1)
+        four_hosts.link("node4", "up")  # for the next tests
+    assert "at" in cut, run.describe()
+    assert run.returncode != 0 and not run.timed_out, run.describe()
+    assert ended - cut["at"] < 120, f"ended {ended - cut['at']:.0f} s after the partition\n{run.describe()}"
+    errors = rank_error_lines(run.output)
+    assert len(errors) == 1 and "ranks 12-15 (all 4 on node4)" in errors[0], run.describe()
+    after = run.output.split(errors[0], 1)[1]
+    assert "Fatal Python error" not in after and "terminate called" not in run.output, run.describe()
+    print(f"a partitioned node at {RANKS} ranks under {launcher}: the job ended {ended - cut['at']:.0f} s later")

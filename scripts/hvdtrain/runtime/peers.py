@@ -95,7 +95,7 @@ class Peers:
         ("" when none did); another rank that still hears rank 0 stays quiet (None)
         and keeps beating until rank 0 has spoken or LINGER_SECONDS pass, so that
         rank 0 does not take it for lost too. A rank that no longer hears rank 0
-        speaks for itself ("").
+        speaks for itself (""), unless rank 0 said it has spoken.
         """
         if self.rank == 0:
             deadline = time.monotonic() + LOST_AFTER_SECONDS + BEAT_SECONDS
@@ -105,6 +105,8 @@ class Peers:
                 time.sleep(BEAT_SECONDS)  # the others lost with the first (a node's ranks) fall silent too
             silent = self.silent_ranks(LOST_AFTER_SECONDS)
             return f"lost {self.describe(silent)}" if silent else ""
+        if self.reported.is_set():
+            return None  # rank 0 has spoken already (e.g. its watchdog, before it exited)
         if not self.hears_root(LOST_AFTER_SECONDS):
             return ""
         self.reported.wait(LINGER_SECONDS)
