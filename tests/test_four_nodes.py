@@ -147,9 +147,15 @@ def test_a_frozen_node_ends_the_job_with_one_line_naming_it(four_hosts, launcher
     """node4's four ranks SIGSTOPped at once after step 15: one line, rank 0's, names them and
     their host (the watchdog under mpirun; Gloo's transport timeout under horovodrun --gloo)."""
     started = time.monotonic()
-    run = on_four_hosts(four_hosts, tmp_path, launcher,
-                        [*SMALL, "--batch-size", "4", "--epochs", "3", "--output-dir", tmp_path / "run"],
-                        env={"HVDTRAIN_FAULT": "rank=12-15,step=15,kind=stop", "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"})
+    try:
+        run = on_four_hosts(four_hosts, tmp_path, launcher,
+                            [*SMALL, "--batch-size", "4", "--epochs", "3", "--output-dir", tmp_path / "run"],
+                            env={"HVDTRAIN_FAULT": "rank=12-15,step=15,kind=stop",
+                                 "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"})
+    finally:
+        # A frozen node's processes stay frozen after the job (its launcher daemon is gone,
+        # a stopped process acts on no signal but SIGKILL), as on a cluster: the node is down.
+        four_hosts.vanish("node4", CNN.name)
     elapsed = time.monotonic() - started
     assert run.returncode != 0 and not run.timed_out, run.describe()
     errors = rank_error_lines(run.output)
