@@ -142,10 +142,13 @@ def rank_error_lines(output):
     return [line for line in output.splitlines() if re.search(r"rank \d+: error:", line)]
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+# Under mpirun the same mechanism is tested on one host (test_scale.py) and a partition
+# across two (test_launchers.py); here horovodrun's, whose ranks reach node4 over Gloo.
+# (Both ran here under mpirun too: one line, 54 s; ended 56 s after the partition.)
+@pytest.mark.parametrize("launcher", ["horovodrun"])
 def test_a_frozen_node_ends_the_job_with_one_line_naming_it(four_hosts, launcher, tmp_path):
     """node4's four ranks SIGSTOPped at once after step 15: one line, rank 0's, names them and
-    their host (the watchdog under mpirun; Gloo's transport timeout under horovodrun --gloo)."""
+    their host (the watchdog, or Gloo's transport timeout)."""
     started = time.monotonic()
     try:
         run = on_four_hosts(four_hosts, tmp_path, launcher,
@@ -165,7 +168,7 @@ def test_a_frozen_node_ends_the_job_with_one_line_naming_it(four_hosts, launcher
     print(f"a frozen node at {RANKS} ranks under {launcher}: one line, {elapsed:.0f} s in all: {errors[0]}")
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+@pytest.mark.parametrize("launcher", ["horovodrun"])
 def test_a_partitioned_node_ends_the_job_within_120_s_with_one_line(four_hosts, launcher, tmp_path):
     """node4's link taken down mid-training (its ranks alive, their packets lost): the job ends
     within 120 s of the partition, one line from the ranks names node4's ranks, nothing after it."""

@@ -26,7 +26,7 @@ from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_s
                                 final_checkpoint, probe_sbatch, send_usr1_to_batch_shell)
 
 SBATCH_FILES = [SLURM / "train_cnn.sbatch", SLURM / "pretrain_bert.sbatch"]
-JOB_TIMEOUT = 240
+JOB_TIMEOUT = 480  # jobs share 2 cores with the rest of the suite (a CI run saw 0.1 steps/s)
 
 
 # ---------------------------------------------------------------- the files themselves
