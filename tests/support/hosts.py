@@ -158,25 +158,9 @@ class Hosts:
             time.sleep(0.5)
         raise RuntimeError(f"sshd on {name} did not answer:\n{(self.root / f'sshd.{name}.log').read_text()}")
 
-    def pids(self, name, marker):
-        """The processes in host ``name`` whose command line holds ``marker`` (e.g. a script's name)."""
-        listed = sh(["ip", "netns", "pids", self.namespaces[name]]).split()
-        found = []
-        for pid in listed:
-            try:
-                if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.append(int(pid))
-            except OSError:
-                pass  # gone meanwhile
-        return found
-
     def vanish(self, name, marker):
         """Host ``name`` dies as a node does: every process of ``marker`` on it SIGKILLed at once."""
-        for pid in self.pids(name, marker):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        _kill_in(self.namespaces[name], marker)
 
     def on(self, host, command):
         """``command`` run on ``host`` (its network namespace and host name)."""
@@ -194,13 +178,7 @@ class Hosts:
     def stop(self):
         # Our processes in the namespaces (sshd, orted, ranks started over ssh), by pid.
         for namespace in self.namespaces.values():
-            listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True,
-                                    timeout=10)
-            for pid in listed.stdout.split():
-                try:
-                    os.kill(int(pid), 9)
-                except (ProcessLookupError, ValueError):
-                    pass
+            _kill_in(namespace)
         for sshd in self.sshd:
             sshd.kill()
             sshd.wait(timeout=10)
@@ -215,6 +193,17 @@ class Hosts:
                 except OSError:
                     pass
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _kill_in(namespace, marker=""):
+    """SIGKILL the processes in ``namespace`` whose command line holds ``marker`` (all for "")."""
+    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=10)
+    for pid in listed.stdout.split():
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(int(pid), 9)
+        except (OSError, ValueError):
+            pass  # gone meanwhile
 
 
 def require_hosts():

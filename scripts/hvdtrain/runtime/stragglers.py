@@ -17,7 +17,6 @@ Scores, as in NVIDIA's Resiliency Extension (0-1, 1 is best):
 A difference under 5 % of a step is noise, not a straggler: every score adds
 that much to both times, so a section of microseconds cannot score 0.1.
 """
-import os
 import statistics
 import time
 from contextlib import contextmanager
