@@ -4,6 +4,7 @@ Under CI=true a missing component fails; elsewhere it skips (support/needs.py).
 """
 import pytest
 
+from support import machine
 from support.needs import cuda_gpus, require_module, require_program
 from support.slurm_cluster import SlurmCluster, require_slurm
 from support.hosts import Hosts, require_hosts
@@ -80,6 +81,14 @@ def pytest_collection_modifyitems(config, items):
     if config.pluginmanager.has_plugin("hvdtest-xdist-groups"):
         config.pluginmanager.get_plugin("hvdtest-xdist-groups").record(config, groups)
     return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test with the fixtures it starts holds the machine: alone if marked
+    `whole_machine`, beside the other tests otherwise (support/machine.py)."""
+    with machine.share(whole=item.get_closest_marker("whole_machine") is not None):
+        return (yield)
 
 
 def shared_fixture_groups(items):

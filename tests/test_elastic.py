@@ -20,6 +20,7 @@ import re
 import signal
 
 from support.bert_data import all_instances, make_small_static_data, trained_instances
+from support.commands import SLOW_RANK_WATCH, SLOW_SHARE
 from support.elastic_jobs import elastic_command, world_sizes, write_hosts
 from support.launch import SCRIPTS, launch, python, wait_then
 from support.ranks import cpu_share, require_cpu_cgroup
@@ -246,12 +247,11 @@ def test_a_straggler_host_is_excluded_and_training_goes_on_without_it(need_horov
     require_cpu_cgroup()
     hostfile, out, excluded = tmp_path / "hosts", tmp_path / "run", tmp_path / "excluded"
     write_hosts(hostfile, "localhost slots=1", "127.0.0.1 slots=1")
-    with cpu_share(0.05) as share:
+    with cpu_share(SLOW_SHARE) as share:
         wait_then(lambda: rows(out) and worker_pid(out, "127.0.0.1"),
                   lambda: share.add(worker_pid(out, "127.0.0.1")), 200)
         ran = launch(elastic_command(hostfile, 2, [*CNN, "--output-dir", out, "--epochs", "4",
-                                                   "--straggler-interval", "10", "--straggler-patience", "2",
-                                                   "--straggler-action", "exclude"]),
+                                                   *SLOW_RANK_WATCH, "--straggler-action", "exclude"]),
                      timeout=300, env={"HVDTRAIN_EXCLUDED_HOSTS": str(excluded)})
     assert ran.returncode == 0, ran.describe()
     assert re.search(r"rank \d on 127\.0\.0\.1 is the straggler: compute", ran.output), ran.describe()

@@ -20,6 +20,7 @@ from support.slurm_jobs import assert_same_tensors, final_checkpoint
 
 RANKS, SLOTS = 16, 4
 HOSTS = [f"node{i}" for i in range(1, 5)]
+pytestmark = pytest.mark.whole_machine  # 16 ranks on 2 cores: the tests beside them would starve
 TIMEOUT = 400
 SMALL = ["--model", "convnet", "--image-size", "8", "--threads", "1"]
 STEPS = 20  # checkpoints at 10 and 20

@@ -1,7 +1,10 @@
-"""The launch helper every launcher test relies on: timeouts kill the whole group."""
+"""The helpers every launcher test relies on: timeouts kill the whole group; a
+whole-machine test runs alone."""
 import os
+import threading
 import time
 
+from support import machine
 from support.launch import launch
 
 
@@ -50,3 +53,27 @@ def test_rank_output_reassembles_chunks_split_mid_line():
                   "launcher says hi\n"], timeout=30)
     assert run.rank_output(0) == "ok rank=0"
     assert run.rank_output(1) == "ok rank=1"
+
+
+def test_a_whole_machine_test_waits_for_the_running_tests_and_goes_before_later_ones(tmp_path):
+    """support/machine.py: a shared holder keeps a whole-machine request waiting; a shared
+    request made while it waits comes after it, not beside the first holder."""
+    events = []
+
+    def hold(whole, name):
+        with machine.share(whole, tmp_path):
+            events.append(f"{name} in")
+            time.sleep(0.3)
+            events.append(f"{name} out")
+
+    whole, later = (threading.Thread(target=hold, args=(True, "whole")),
+                    threading.Thread(target=hold, args=(False, "later")))
+    with machine.share(False, tmp_path):
+        whole.start()
+        time.sleep(0.5)  # the whole-machine request is queued by now
+        later.start()
+        time.sleep(0.5)
+        assert events == [], events
+    whole.join(10)
+    later.join(10)
+    assert events == ["whole in", "whole out", "later in", "later out"], events

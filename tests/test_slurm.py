@@ -16,7 +16,7 @@ import pytest
 
 from support.bert_data import prepare_bert_data
 from support.image_data import make_image_folder
-from support.commands import QUICK_CNN
+from support.commands import QUICK_CNN, SLOW_RANK_WATCH, SLOW_SHARE
 from support.launch import REPO, SCRIPTS, horovodrun, launch
 from support.locks import lock_of
 from support.needs import require_module, require_program
@@ -339,9 +339,9 @@ def test_a_straggler_requeues_the_job_without_its_node(slurm_cluster, need_horov
     and the job goes back to the queue with that node excluded (here the only node: it stays pending)."""
     require_cpu_cgroup()
     out, log = tmp_path / "run", tmp_path / "job.out"
-    args = [*QUICK_CNN, "--threads", "1", "--epochs", "3", "--output-dir", out, "--straggler-interval", "10",
-            "--straggler-patience", "2", "--straggler-action", "checkpoint-exit"]
-    with cpu_share(0.05) as share:
+    args = [*QUICK_CNN, "--threads", "1", "--epochs", "3", "--output-dir", out, *SLOW_RANK_WATCH,
+            "--straggler-action", "checkpoint-exit"]
+    with cpu_share(SLOW_SHARE) as share:
         job = slurm_cluster.sbatch(["--output", log, SLURM / "train_cnn.sbatch", *map(str, args)],
                                    env={"LAUNCHER": "srun", "PATH": slow_scontrol_update(tmp_path)})
         deadline = time.monotonic() + JOB_TIMEOUT

@@ -10,6 +10,7 @@
     slurm_jobs.py     the sbatch files' jobs: probes, events, requeue checks
     hosts.py          hosts on one machine: network namespaces on a bridge, each with sshd
     fault_cells.py    the fault matrix's cells (tests/test_faults.py, tools/fault_matrix.py)
+    machine.py        the machine's cores: shared by most tests, whole for the 16-rank ones
     locks.py          run.lock files as another run would have written them
 
 Imported as ``support.<module>``: pytest.ini puts tests/ (and scripts/) on the
