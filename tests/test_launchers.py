@@ -72,10 +72,7 @@ def test_mpirun_across_two_hosts(need_horovod, need_mpi, two_hosts, tmp_path):
     """One slot per host and no oversubscription: rank 1 can only run on hvd-b, over ssh."""
     hostfile = two_host_hostfile(tmp_path, "openmpi")
     ran = launch(two_hosts.on_first([
-        "mpirun", "-np", "2", "-hostfile", hostfile, "--bind-to", "none",
-        "-mca", "btl_tcp_if_include", INTERFACE, "-mca", "oob_tcp_if_include", INTERFACE,
-        "-x", "PATH", "-x", "OMP_NUM_THREADS", "-x", "PYTHONUNBUFFERED",
-        sys.executable, *TINY_CNN, "--output-dir", tmp_path / "run"]),
+        *two_hosts.mpirun(2, hostfile), sys.executable, *TINY_CNN, "--output-dir", tmp_path / "run"]),
         timeout=240, env={**two_hosts.env(), "OMPI_MCA_rmaps_base_oversubscribe": "0"})
     assert_two_rank_run(ran, tmp_path / "run")
 
@@ -104,9 +101,7 @@ def test_a_partitioned_host_ends_an_mpirun_job_with_one_line_naming_it(need_horo
     watcher = wait_then(lambda: any(out.glob("step-*.pt")), partition, 200)
     try:
         ran = launch(two_hosts.on_first([
-            "mpirun", "-np", "2", "-hostfile", hostfile, "--bind-to", "none",
-            "-mca", "btl_tcp_if_include", INTERFACE, "-mca", "oob_tcp_if_include", INTERFACE,
-            "-x", "PATH", "-x", "OMP_NUM_THREADS", "-x", "PYTHONUNBUFFERED", "-x", "HVDTRAIN_WATCHDOG_FLOOR_SECONDS",
+            *two_hosts.mpirun(2, hostfile, pass_env=["HVDTRAIN_WATCHDOG_FLOOR_SECONDS"]),
             sys.executable, SCRIPTS / "train_cnn.py", "--dataset", "synthetic", "--synthetic-samples", "100000",
             "--model", "convnet", "--image-size", "8", "--epochs", "20", "--checkpoint-every", "10",
             "--output-dir", out]),

@@ -170,6 +170,16 @@ class Hosts:
     def on_first(self, command):
         return self.on(self.names[0], command)
 
+    @staticmethod
+    def mpirun(np, hostfile, pass_env=()):
+        """mpirun's command line for ``np`` ranks over the hosts' own interface: no binding
+        (one thread per rank), the test environment and ``pass_env`` handed to the ranks
+        that ssh starts. With ``env()`` and OMPI_MCA_rmaps_base_oversubscribe=0, so
+        that a hostfile's slots decide where each rank runs."""
+        return ["mpirun", "-np", str(np), "-hostfile", hostfile, "--bind-to", "none",
+                "-mca", "btl_tcp_if_include", INTERFACE, "-mca", "oob_tcp_if_include", INTERFACE,
+                *[arg for name in ("PATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", *pass_env) for arg in ("-x", name)]]
+
     def env(self):
         """Environment additions for commands on the hosts: the ssh wrapper, then the venv, first on PATH."""
         path = os.pathsep.join([str(self.bin), str(Path(sys.executable).parent), os.environ.get("PATH", "")])

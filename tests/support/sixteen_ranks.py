@@ -1,0 +1,58 @@
+"""Sixteen ranks, four per host on support/hosts.py's node1-node4: the runs and checks
+that tests/test_four_nodes.py (mpirun, horovodrun) and tests/test_slurm_four_nodes.py
+(sbatch --nodes=4 with each LAUNCHER) share.
+
+One thread per rank, small workloads: what is proven is the mechanism at N ranks
+on N/4 nodes (the same one thousands of ranks use), not speed.
+"""
+import json
+import sys
+
+import torch
+
+from .commands import CNN
+from .launch import RANK_TRACEBACK, launch
+from .slurm_jobs import final_checkpoint
+
+RANKS, SLOTS = 16, 4
+HOSTS = [f"node{i}" for i in range(1, 5)]
+SMALL = ["--model", "convnet", "--image-size", "8", "--threads", "1"]
+
+
+def sixteen_by_4(checkpoint_every):
+    """16 ranks x batch 4. --lr is per --batch-size samples and scaled to the global
+    batch: 0.1 for 64 samples, as in one_by_64."""
+    return [*SMALL, "--batch-size", "4", "--lr", str(0.1 / RANKS), "--checkpoint-every", checkpoint_every,
+            "--straggler-interval", "5"]
+
+
+def one_by_64(checkpoint_every):
+    return [*SMALL, "--batch-size", "64", "--lr", "0.1", "--checkpoint-every", checkpoint_every]
+
+
+def trained(run, out):
+    """``out`` of a launch that finished cleanly."""
+    assert run.returncode == 0 and not run.timed_out, run.describe()
+    assert not RANK_TRACEBACK.search(run.output), run.describe()
+    return out
+
+
+def one_worker(out, steps, checkpoint_every, timeout):
+    """The reference: one process, batch 64, on this machine (no launcher)."""
+    return trained(launch([sys.executable, CNN, *one_by_64(checkpoint_every), "--max-steps", steps,
+                           "--output-dir", out], timeout=timeout), out)
+
+
+def assert_same_weights_as(out, reference, steps):
+    """Equal to the reference's weights at each checkpoint in ``steps``, to float32 summation order."""
+    for step in steps:
+        mine, theirs = final_checkpoint(out, step)["model"], final_checkpoint(reference, step)["model"]
+        for key, value in theirs.items():
+            torch.testing.assert_close(mine[key], value, rtol=0, atol=1e-5, msg=lambda m: f"step {step} {key}: {m}")
+
+
+def assert_placed_four_per_host(out):
+    """Every rank's own view of its node: its host, local rank and size, one thread."""
+    placement = json.loads((out / "results.json").read_text())["placement"]
+    assert [(p["rank"], p["host"], p["local_rank"], p["local_size"], p["threads"]) for p in placement] == [
+        (rank, HOSTS[rank // SLOTS], rank % SLOTS, SLOTS, 1) for rank in range(RANKS)], placement

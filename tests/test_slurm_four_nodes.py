@@ -1,0 +1,100 @@
+"""slurm/ on a real four-node Slurm cluster: a slurmd on each of support/hosts.py's node1-node4.
+
+    node1 10.78.0.1: slurmctld, slurmd -N node1    node2-node4: slurmd -N nodeN, sshd
+
+Every job is `sbatch --nodes=4 --ntasks-per-node=4 --exclusive slurm/train_cnn.sbatch`:
+16 ranks, four per node, under each LAUNCHER (srun, mpirun, horovodrun). Each
+equals one worker with the same global batch (support/sixteen_ranks.py) and knows
+its node (host, local rank and size, threads). The horovodrun job gets USR1 once
+it trains, checkpoints, is requeued and resumes; it ends bit-identical to the
+uninterrupted srun job. --exclusive runs the jobs one at a time: 16 ranks already
+fill this machine's two cores.
+"""
+import json
+import re
+import time
+
+import pytest
+
+from support.needs import require_module, require_program
+from support.sixteen_ranks import (RANKS, assert_placed_four_per_host, assert_same_weights_as, one_worker,
+                                   sixteen_by_4)
+from support.slurm_cluster import SlurmCluster, require_slurm
+from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, final_checkpoint,
+                                send_usr1_to_batch_shell)
+
+pytestmark = pytest.mark.whole_machine  # 16 ranks on 2 cores: the tests beside them would starve
+
+STEPS, CHECKPOINT_EVERY = 60, 20  # long enough that USR1 lands mid-run
+JOB_TIMEOUT = 600  # per job; they run one after another
+
+
+@pytest.fixture(scope="module")
+def four_node_slurm(four_hosts):
+    """slurmctld and slurmd node1 on host node1, slurmd nodeN on host nodeN."""
+    require_slurm()
+    cluster = SlurmCluster.start(list(four_hosts.addresses.items()), four_hosts.on)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def four_node_jobs(four_node_slurm, four_hosts, tmp_path_factory):
+    """The reference (one worker, batch 64) and one job per LAUNCHER, submitted at once;
+    the horovodrun job gets USR1 once it trains. Returns (reference, {launcher: (info, log, out)})."""
+    require_module("horovod.torch")
+    require_program("horovodrun", "run `make setup`")
+    require_program("mpirun", "install Open MPI or `make setup` as root")
+    root = tmp_path_factory.mktemp("four-nodes")
+    reference = one_worker(root / "one-worker", STEPS, CHECKPOINT_EVERY, JOB_TIMEOUT)
+    jobs = {launcher: four_node_slurm.sbatch(
+        ["--output", root / f"{launcher}.out", "--nodes=4", "--ntasks-per-node=4", "--exclusive",
+         SLURM / "train_cnn.sbatch", *map(str, [*sixteen_by_4(CHECKPOINT_EVERY), "--max-steps", STEPS,
+                                               "--output-dir", root / launcher])],
+        env={**four_hosts.env(), "LAUNCHER": launcher}) for launcher in LAUNCHERS}
+    signal_once_training(four_node_slurm, jobs["horovodrun"], root / "horovodrun.out")
+    return reference, {launcher: (four_node_slurm.wait_for_end(job, JOB_TIMEOUT * len(LAUNCHERS)),
+                                  (root / f"{launcher}.out").read_text(), root / launcher)
+                       for launcher, job in jobs.items()}
+
+
+def signal_once_training(cluster, job, log):
+    """USR1 to the job's batch shell once rank 0 has logged its first line (it must still run)."""
+    deadline = time.monotonic() + JOB_TIMEOUT * len(LAUNCHERS)
+    while "convnet on digits" not in (log.read_text(errors="replace") if log.exists() else ""):
+        info = cluster.job(job)
+        if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+            pytest.fail(f"job {job} ended before it was signalled: {info}\n{cluster.job_output(info)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"job {job} not training after {JOB_TIMEOUT * len(LAUNCHERS)} s: {info}")
+        time.sleep(0.5)
+    send_usr1_to_batch_shell(cluster, job)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_16_ranks_on_four_slurm_nodes_equal_one_worker(four_node_jobs, launcher):
+    reference, jobs = four_node_jobs
+    info, log, out = jobs[launcher]
+    assert info["JobState"] == "COMPLETED", f"{info}\n{log}"
+    assert f"4 node(s) node[1-4], {RANKS} ranks, 1 thread(s) each" in log, log
+    results = json.loads((out / "results.json").read_text())
+    assert results["steps"] == STEPS and results["world_size"] == RANKS, results
+    assert_same_weights_as(out, reference, (STEPS,))  # the checkpoints kept: the last, epoch ends
+    assert_placed_four_per_host(out)
+
+
+def test_usr1_checkpoints_requeues_and_resumes_16_ranks_bit_identical(four_node_jobs):
+    """horovodrun forwards no signal: the batch shell on node1 signals node1's ranks, the
+    other 12 follow through the collective stop check; all stop after one step, the job
+    is requeued and resumes there, and ends equal, bit for bit, to the srun job."""
+    _, jobs = four_node_jobs
+    info, log, out = jobs["horovodrun"]
+    assert_requeued_once(None, info["JobId"], info, log)
+    stopped = re.search(r"stopped by SIGUSR1 \(rank 0\) at step (\d+)", log)
+    assert stopped and 0 < int(stopped[1]) < STEPS, log
+    assert f"(step {stopped[1]})" in log, log
+    expected, actual = final_checkpoint(jobs["srun"][2], STEPS), final_checkpoint(out, STEPS)
+    assert_same_tensors(actual["model"], expected["model"], "model")
+    assert_same_tensors(actual["optimizer"]["state"], expected["optimizer"]["state"], "optimizer")

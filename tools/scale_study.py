@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""What grows with the number of ranks: train_cnn.py at 1, 2, 4, ... ranks under mpirun.
+
+For each N, two launches of the same small job (convnet, synthetic data, one
+thread and batch 4 per rank, a checkpoint every 10 steps):
+- a clean one: seconds from the launch to rank 0's first step (launcher, imports,
+  hvd.init, the rank agreement, data), steps/s after it, and the seconds from
+  the last step to the launcher's exit (final checkpoint, results, shutdown);
+- a faulty one: the highest rank SIGKILLed once the first checkpoint is on disk;
+  seconds until the launcher exits, and how many `rank N: error:` lines the job
+  printed (the policy: one).
+
+On one host (default: `mpirun --oversubscribe --bind-to none`, as the ranks of
+one node) every rank shares the machine's cores, so steps/s falls with N by
+compute alone; the columns that measure the mechanism are the start, the end
+and the lost-rank ones. `--hosts 4` runs on support/hosts.py's four hosts (root),
+N/4 ranks each, started over ssh as on a cluster.
+
+    .venv/bin/python tools/scale_study.py --ranks 1 2 4 8 16 32
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from support.commands import CNN
+from support.hosts import Hosts, require_hosts
+from support.launch import test_env
+from support.ranks import rank_pids
+
+JOB = ["--dataset", "synthetic", "--synthetic-samples", "100000", "--model", "convnet", "--image-size", "8",
+       "--threads", "1", "--batch-size", "4", "--checkpoint-every", "10"]
+FIRST_STEP = re.compile(r"progress: step 1/")
+RANK_ERROR = re.compile(r"rank \d+: error:")
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="world sizes")
+    parser.add_argument("--steps", type=int, default=40, help="train_cnn.py --max-steps of the clean launch")
+    parser.add_argument("--hosts", type=int, choices=(1, 4), default=1,
+                        help="1: this machine; 4: support/hosts.py's four hosts (root)")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds before a launch is killed")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    return parser.parse_args()
+
+
+class Timed:
+    """A launch whose output lines are timestamped as they arrive; killed (group) at the timeout."""
+
+    def __init__(self, command, env, timeout):
+        self.started = time.monotonic()
+        self.lines = []  # (seconds since start, line)
+        self.process = subprocess.Popen([str(c) for c in command], env=test_env(env), start_new_session=True,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+        self.timer = threading.Timer(timeout, self.kill)
+        self.timer.start()
+
+    def kill(self):
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait(self):
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic() - self.started, line.rstrip("\n")))
+        self.process.wait()
+        self.ended = time.monotonic() - self.started
+        self.ended_wall = time.time()
+        self.timer.cancel()
+        self.kill()  # ranks a launcher left behind
+        return self
+
+    def first(self, pattern):
+        return next((at for at, line in self.lines if pattern.search(line)), None)
+
+    def output(self):
+        return "\n".join(line for _, line in self.lines)
+
+
+def command_for(ranks, hosts, out, extra, scratch):
+    script = [sys.executable, CNN, *JOB, "--output-dir", out, *extra]
+    if hosts is None:
+        return ["mpirun", "-np", ranks, "--oversubscribe", "--bind-to", "none", *script]
+    hostfile = Path(scratch) / f"hostfile-{ranks}"
+    per_host = max(1, ranks // len(hosts.names))
+    used = hosts.names[:max(1, min(len(hosts.names), ranks))]
+    hostfile.write_text("".join(f"{name} slots={per_host}\n" for name in used))
+    return hosts.on_first([*hosts.mpirun(ranks, hostfile), *script])
+
+
+def env_for(hosts):
+    return {**(hosts.env() if hosts else {}), "OMPI_MCA_rmaps_base_oversubscribe": "0" if hosts else "1"}
+
+
+def clean_run(ranks, hosts, scratch, args):
+    out = Path(scratch) / f"clean-{ranks}"
+    run = Timed(command_for(ranks, hosts, out, ["--max-steps", args.steps], scratch), env_for(hosts),
+                args.timeout).wait()
+    first = run.first(FIRST_STEP)
+    if run.process.returncode != 0 or first is None:
+        sys.exit(f"scale_study.py: error: {ranks} ranks: the clean launch failed:\n{run.output()[-3000:]}")
+    results = json.loads((out / "results.json").read_text())
+    last_step = (out / f"step-{args.steps:09d}.pt").stat().st_mtime
+    return {"start_s": round(first, 1), "steps_per_s": round(results["images_per_sec"] / (4 * ranks), 2),
+            "images_per_s": round(results["images_per_sec"], 1),
+            "end_s": round(run.ended_wall - last_step, 1)}
+
+
+def lost_rank_run(ranks, hosts, scratch, args):
+    out = Path(scratch) / f"lost-{ranks}"
+    killed = {}
+
+    def kill_highest_rank():
+        while not any(out.glob("step-*.pt")):
+            time.sleep(0.2)
+        for pid in rank_pids(str(out), ranks - 1) if hosts is None else []:
+            os.kill(pid, signal.SIGKILL)
+        if hosts is not None:
+            hosts.vanish(hosts.names[-1], str(out))  # every rank of the last host
+        killed["at"] = time.monotonic()
+
+    watcher = threading.Thread(target=kill_highest_rank, daemon=True)
+    run = Timed(command_for(ranks, hosts, out, ["--epochs", "50"], scratch), env_for(hosts), args.timeout)
+    watcher.start()
+    run.wait()
+    if "at" not in killed:
+        return {"lost_end_s": None, "lost_lines": None}
+    return {"lost_end_s": round(run.started + run.ended - killed["at"], 1),
+            "lost_lines": len(RANK_ERROR.findall(run.output()))}
+
+
+def main():
+    args = parse_args()
+    hosts = None
+    if args.hosts == 4:
+        require_hosts()
+        hosts = Hosts([f"node{i}" for i in range(1, 5)], "10.79.0").start()
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            print("ranks  start_s  steps/s  images/s  end_s  lost_end_s  lost_lines", flush=True)
+            for ranks in args.ranks:
+                if ranks < 2:
+                    row = {"ranks": ranks, **clean_run(ranks, hosts, scratch, args),
+                           "lost_end_s": None, "lost_lines": None}
+                else:
+                    row = {"ranks": ranks, **clean_run(ranks, hosts, scratch, args),
+                           **lost_rank_run(ranks, hosts, scratch, args)}
+                rows.append(row)
+                lost = ["-" if row[key] is None else row[key] for key in ("lost_end_s", "lost_lines")]
+                print(f"{ranks:5d}  {row['start_s']:7.1f}  {row['steps_per_s']:7.2f}  {row['images_per_s']:8.1f}  "
+                      f"{row['end_s']:5.1f}  {lost[0]:>10}  {lost[1]:>10}", flush=True)
+    finally:
+        if hosts is not None:
+            hosts.stop()
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
