@@ -22,7 +22,7 @@ import signal
 from support.bert_data import all_instances, make_small_static_data, trained_instances
 from support.commands import SLOW_RANK_WATCH, SLOW_SHARE
 from support.elastic_jobs import elastic_command, world_sizes, write_hosts
-from support.launch import SCRIPTS, launch, python, wait_then
+from support.launch import REPO, SCRIPTS, launch, python, wait_then
 from support.ranks import cpu_share, require_cpu_cgroup
 from support.hosts import INTERFACE  # the two_hosts session fixture comes from conftest
 
@@ -115,6 +115,16 @@ def test_a_killed_worker_leaves_the_job_and_its_returning_host_rejoins(need_horo
 # ("[2026-11-24 10:00:00.123456: E /.../operations.cc:697] ...").
 CPP_ABORT = re.compile(r"terminate called|has been removed from elastic job"
                        r"|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [EF] ")
+
+
+def test_a_host_update_that_arrives_while_the_world_re_forms_is_acted_on(need_horovod):
+    """Horovod emptied rank 0's queue of host updates after a reset, so a host whose
+    blacklist cooldown ended while the survivors re-formed never rejoined (16 ranks on
+    four hosts: the world stayed at 12). Updates before the loss belong to that reset."""
+    run = python([REPO / "tests" / "workers" / "host_update_in_reset.py"], timeout=120)
+    assert run.returncode == 0, run.describe()
+    assert "update during the reset: hosts updated (timestamp 200)" in run.output, run.describe()
+    assert "update before the loss only: no update" in run.output, run.describe()
 
 
 def test_a_killed_worker_on_a_host_with_two_slots_is_restarted(need_horovod, tmp_path):

@@ -181,7 +181,9 @@ def test_elastic_16_ranks_lose_a_node_go_on_at_12_and_grow_back_to_16(four_hosts
     (the project's patch: a host with one failed slot of several would stay); the 12 ranks
     of node1-node3 go on from the last commit; after the cooldown node4, still listed by
     discovery, rejoins and the job is 16 again. Each epoch trains every sample once, and
-    no C++ abort text or per-rank error reaches the output."""
+    no C++ abort text or per-rank error reaches the output. (Before Commits.on_reset kept
+    the host updates that arrive while the world re-forms, the job stayed at 12: node4's
+    cooldown ended during the survivors' 30 s reset and Horovod dropped that update.)"""
     hostfile, out = tmp_path / "hosts", tmp_path / "run"
     write_hosts(hostfile, *(f"{host} slots={SLOTS}" for host in HOSTS))
     killed = {}

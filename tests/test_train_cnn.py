@@ -48,6 +48,11 @@ def test_default_data_reaches_95_percent(tmp_path):
     # 359 validation images, each counted once: top-1 is a multiple of 1/359.
     assert abs(results["val_top1"] * 359 - round(results["val_top1"] * 359)) < 1e-6
     assert (out / "best.pt").is_file() and len(list(out.glob("step-*.pt"))) == 3
+    # Rank 0's collective moments, timed (tools/scale_study.py reads them at 1-32 ranks).
+    moments = results["durations"]
+    assert moments["checking that the ranks agree"]["count"] == 1, moments
+    saved = moments["writing a checkpoint"]["count"]
+    assert saved >= results["epochs"] and moments["gathering the ranks' checkpoint entries"]["count"] == saved, moments
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     # The reported accuracy is the saved model's: best.pt, evaluated in this one
     # process, scores the best epoch's val_top1 (BatchNorm statistics averaged).

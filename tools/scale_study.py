@@ -1,14 +1,20 @@
 #!/usr/bin/env python
 """What grows with the number of ranks: train_cnn.py at 1, 2, 4, ... ranks under mpirun.
 
-For each N, two launches of the same small job (convnet, synthetic data, one
+For each N, three launches of the same small job (convnet, synthetic data, one
 thread and batch 4 per rank, a checkpoint every 10 steps):
 - a clean one: seconds from the launch to rank 0's first step (launcher, imports,
   hvd.init, the rank agreement, data), steps/s after it, and the seconds from
   the last step to the launcher's exit (final checkpoint, results, shutdown);
+  from rank 0's results.json "durations": the rank agreement check (one
+  allgather of every rank's settings) and a checkpoint's per-rank gather and
+  write (means over the launch's checkpoints);
 - a faulty one: the highest rank SIGKILLed once the first checkpoint is on disk;
   seconds until the launcher exits, and how many `rank N: error:` lines the job
-  printed (the policy: one).
+  printed (the policy: one);
+- an elastic one (`horovodrun --elastic`, N slots on this machine): the highest
+  rank SIGKILLed after the first checkpoint; rank 0's "an elastic reset" (from
+  the failure to the new world of N-1) and the state sync after it.
 
 On one host (default: `mpirun --oversubscribe --bind-to none`, as the ranks of
 one node) every rank shares the machine's cores, so steps/s falls with N by
@@ -41,6 +47,15 @@ FIRST_STEP = re.compile(r"progress: step 1/")
 RANK_ERROR = re.compile(r"rank \d+: error:")
 
 
+COLUMNS = [("ranks", 5), ("start_s", 7), ("steps_per_s", 11), ("images_per_s", 12), ("end_s", 5),
+           ("agree_s", 7), ("gather_s", 8), ("write_s", 7), ("lost_end_s", 10), ("lost_lines", 10),
+           ("reset_s", 7), ("sync_s", 6)]
+
+
+def shown(value):
+    return "-" if value is None else value
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="world sizes")
@@ -48,6 +63,7 @@ def parse_args():
     parser.add_argument("--hosts", type=int, choices=(1, 4), default=1,
                         help="1: this machine; 4: support/hosts.py's four hosts (root)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds before a launch is killed")
+    parser.add_argument("--no-elastic", action="store_true", help="skip the elastic launches")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     return parser.parse_args()
 
@@ -111,25 +127,35 @@ def clean_run(ranks, hosts, scratch, args):
         sys.exit(f"scale_study.py: error: {ranks} ranks: the clean launch failed:\n{run.output()[-3000:]}")
     results = json.loads((out / "results.json").read_text())
     last_step = (out / f"step-{args.steps:09d}.pt").stat().st_mtime
+    moments = results["durations"]
     return {"start_s": round(first, 1), "steps_per_s": round(results["images_per_sec"] / (4 * ranks), 2),
             "images_per_s": round(results["images_per_sec"], 1),
-            "end_s": round(run.ended_wall - last_step, 1)}
+            "end_s": round(run.ended_wall - last_step, 1),
+            "agree_s": mean_seconds(moments, "checking that the ranks agree"),
+            "gather_s": mean_seconds(moments, "gathering the ranks' checkpoint entries"),
+            "write_s": mean_seconds(moments, "writing a checkpoint")}
+
+
+def mean_seconds(moments, name):
+    moment = moments.get(name)
+    return round(moment["total_s"] / moment["count"], 3) if moment else None
+
+
+def kill_highest_rank_after_a_checkpoint(out, ranks, hosts, killed):
+    while not any(out.glob("step-*.pt")):
+        time.sleep(0.2)
+    for pid in rank_pids(str(out), ranks - 1) if hosts is None else []:
+        os.kill(pid, signal.SIGKILL)
+    if hosts is not None:
+        hosts.vanish(hosts.names[-1], str(out))  # every rank of the last host
+    killed["at"] = time.monotonic()
 
 
 def lost_rank_run(ranks, hosts, scratch, args):
     out = Path(scratch) / f"lost-{ranks}"
     killed = {}
-
-    def kill_highest_rank():
-        while not any(out.glob("step-*.pt")):
-            time.sleep(0.2)
-        for pid in rank_pids(str(out), ranks - 1) if hosts is None else []:
-            os.kill(pid, signal.SIGKILL)
-        if hosts is not None:
-            hosts.vanish(hosts.names[-1], str(out))  # every rank of the last host
-        killed["at"] = time.monotonic()
-
-    watcher = threading.Thread(target=kill_highest_rank, daemon=True)
+    watcher = threading.Thread(target=kill_highest_rank_after_a_checkpoint, args=(out, ranks, hosts, killed),
+                               daemon=True)
     run = Timed(command_for(ranks, hosts, out, ["--epochs", "50"], scratch), env_for(hosts), args.timeout)
     watcher.start()
     run.wait()
@@ -137,6 +163,27 @@ def lost_rank_run(ranks, hosts, scratch, args):
         return {"lost_end_s": None, "lost_lines": None}
     return {"lost_end_s": round(run.started + run.ended - killed["at"], 1),
             "lost_lines": len(RANK_ERROR.findall(run.output()))}
+
+
+def elastic_run(ranks, scratch, args):
+    """horovodrun --elastic with N slots here; the highest rank killed: the reset's seconds on rank 0."""
+    out, hostfile = Path(scratch) / f"elastic-{ranks}", Path(scratch) / f"elastic-hosts-{ranks}"
+    hostfile.write_text(f"localhost slots={ranks}\n")
+    discovery = f"{sys.executable} {Path(CNN).parent / 'discover_hosts.py'} {hostfile}"
+    command = ["horovodrun", "-np", ranks, "--min-np", 1, "--max-np", ranks, "--network-interface", "lo",
+               "--host-discovery-script", discovery, sys.executable, CNN, *JOB, "--elastic",
+               "--elastic-commit-every", "5", "--max-steps", args.steps * 2, "--output-dir", out]
+    killed = {}
+    watcher = threading.Thread(target=kill_highest_rank_after_a_checkpoint, args=(out, ranks, None, killed),
+                               daemon=True)
+    run = Timed(command, {}, args.timeout)
+    watcher.start()
+    run.wait()
+    if "at" not in killed or not (out / "results.json").exists():
+        return {"reset_s": None, "sync_s": None}
+    moments = json.loads((out / "results.json").read_text())["durations"]
+    return {"reset_s": mean_seconds(moments, "an elastic reset"),
+            "sync_s": mean_seconds(moments, "synchronising the elastic state")}
 
 
 def main():
@@ -148,18 +195,15 @@ def main():
     rows = []
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            print("ranks  start_s  steps/s  images/s  end_s  lost_end_s  lost_lines", flush=True)
+            print("  ".join(f"{column:>{width}}" for column, width in COLUMNS), flush=True)
             for ranks in args.ranks:
-                if ranks < 2:
-                    row = {"ranks": ranks, **clean_run(ranks, hosts, scratch, args),
-                           "lost_end_s": None, "lost_lines": None}
-                else:
-                    row = {"ranks": ranks, **clean_run(ranks, hosts, scratch, args),
-                           **lost_rank_run(ranks, hosts, scratch, args)}
+                row = {"ranks": ranks, **clean_run(ranks, hosts, scratch, args)}
+                if ranks > 1:
+                    row.update(lost_rank_run(ranks, hosts, scratch, args))
+                    if hosts is None and not args.no_elastic:
+                        row.update(elastic_run(ranks, scratch, args))
                 rows.append(row)
-                lost = ["-" if row[key] is None else row[key] for key in ("lost_end_s", "lost_lines")]
-                print(f"{ranks:5d}  {row['start_s']:7.1f}  {row['steps_per_s']:7.2f}  {row['images_per_s']:8.1f}  "
-                      f"{row['end_s']:5.1f}  {lost[0]:>10}  {lost[1]:>10}", flush=True)
+                print("  ".join(f"{shown(row.get(column)):>{width}}" for column, width in COLUMNS), flush=True)
     finally:
         if hosts is not None:
             hosts.stop()

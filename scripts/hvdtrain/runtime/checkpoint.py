@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from hvdtrain.runtime import dist, faults
+from hvdtrain.runtime import dist, durations, faults
 from hvdtrain.errors import UsageError
 
 FORMAT = 2  # the layout below; earlier checkpoints cannot be resumed
@@ -221,8 +221,9 @@ class Checkpointer:
 
     def save(self, step, settings, is_best=False, extra=None):
         """Write checkpoint ``step`` (rank 0); every rank waits until it is on disk."""
-        ranks = dist.gather_object_to_root({name: part.state_dict() for name, part in self.per_rank.items()},
-                                           name="checkpoint.ranks")  # every rank's entry, on rank 0
+        with durations.timed("gathering the ranks' checkpoint entries"):
+            ranks = dist.gather_object_to_root({name: part.state_dict() for name, part in self.per_rank.items()},
+                                               name="checkpoint.ranks")  # every rank's entry, on rank 0
         with self.ctx.watchdog.phase("writing a checkpoint"), self.shared_view():
             if self.ctx.is_main:
                 state = {"format": FORMAT, **{name: part.state_dict() for name, part in self.shared.items()},

@@ -20,6 +20,7 @@ checkpoint from disk happens inside the elastic function, once per job.
 import contextlib
 import copy
 import os
+import queue
 from dataclasses import asdict, dataclass, field
 
 import horovod.torch as hvd
@@ -139,7 +140,24 @@ class Commits(State):
         self._reset_phase.close()
         self.run.follow_world(self.started)
 
+    def on_reset(self):
+        """Horovod's on_reset, keeping the host updates that arrived while the new world formed.
+
+        Horovod empties the queue of host updates once the new world has formed,
+        which drops an update the driver sent meanwhile: it sends each change once,
+        so that change was never acted on. Seen with 16 ranks on four hosts: node4's
+        blacklist cooldown ended while the 12 survivors re-formed (their collectives
+        took 30 s to fail) and node4 never rejoined. The updates that were part of
+        this reset are dropped when it begins (``_enter_reset_phase``) instead; one
+        the new world already includes costs at most one more reset.
+        """
+        arrived_during_the_reset = self._host_messages
+        super().on_reset()
+        self._host_messages = arrived_during_the_reset
+
     def _enter_reset_phase(self):
+        # Updates received until now are part of this reset: the driver forms the new world from them.
+        self._host_messages = queue.Queue()
         # Shutting Horovod down and waiting for the new world can take a while: not a stall.
         self._reset_phase.close()
         self._reset_phase.enter_context(self.run.ctx.watchdog.phase("an elastic reset"))

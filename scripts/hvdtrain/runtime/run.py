@@ -27,7 +27,7 @@ from pathlib import Path
 import horovod.torch as hvd
 
 from hvdtrain import cli, errors
-from hvdtrain.runtime import dist, elastic, faults, nonfinite, settings as settings_module, stragglers
+from hvdtrain.runtime import dist, durations, elastic, faults, nonfinite, settings as settings_module, stragglers
 from hvdtrain.runtime.checkpoint import Checkpointer, RngState, clear_run_outputs
 from hvdtrain.runtime.metrics import Throughput, total_throughput
 from hvdtrain.runtime.outdir_lock import OutputDirLock
@@ -287,6 +287,7 @@ class Run:
         ranks = self.stragglers.summary()  # the latest interval's per-rank timings
         placement = self.stragglers.placement  # every rank's host, local rank and size, threads
         return self.log.results({**results, "skipped_steps": self.state.skipped_steps,
+                                 "durations": durations.summary(),  # rank 0's collective moments
                                  **({"ranks": ranks} if ranks else {}),
                                  **({"placement": placement} if placement else {})})
 

@@ -13,7 +13,7 @@ import time
 import traceback
 
 from hvdtrain.errors import WATCHDOG_EXIT, UsageError
-from hvdtrain.runtime import teardown
+from hvdtrain.runtime import durations, teardown
 
 # A rank that freezes (alive but silent) would otherwise hang the job forever:
 # Horovod's stall check only warns unless a shutdown time is set, and with the
@@ -86,7 +86,8 @@ class Watchdog:
         self.current_phase = name
         self.beat()
         try:
-            yield
+            with durations.timed(name):
+                yield
         finally:
             self.current_phase = outer
             self.beat()

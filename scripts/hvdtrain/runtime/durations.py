@@ -1,0 +1,33 @@
+"""How long this rank spent in the run's collective moments: results.json "durations".
+
+What grows with the number of ranks shows here rather than in the step time:
+the rank agreement check (one allgather of every rank's settings), each
+checkpoint's per-rank gather and write, restores, elastic resets. One set per
+process; the watchdog's phases add to it (runtime/watchdog.py), the other
+moments use ``timed``. tools/scale_study.py reads rank 0's at 1 to 32 ranks
+(docs/scale.md).
+"""
+import contextlib
+import time
+
+_seen = {}  # name -> [count, total seconds, longest]
+
+
+@contextlib.contextmanager
+def timed(name):
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        add(name, time.perf_counter() - started)
+
+
+def add(name, seconds):
+    count, total, longest = _seen.get(name, (0, 0.0, 0.0))
+    _seen[name] = (count + 1, total + seconds, max(longest, seconds))
+
+
+def summary():
+    """{name: {"count", "total_s", "max_s"}} of everything timed so far in this process."""
+    return {name: {"count": count, "total_s": round(total, 4), "max_s": round(longest, 4)}
+            for name, (count, total, longest) in sorted(_seen.items())}

@@ -1,0 +1,49 @@
+"""One process (hvd.init alone, size 1): hvdtrain's elastic Commits and the host updates
+Horovod's driver sends to rank 0, around a reset.
+
+    host_update_in_reset.py
+
+A worker is lost (``restore``), the world re-forms (Horovod's ``reset``), then
+``on_reset``. An update that arrives before the loss is part of that reset; one
+that arrives while the world re-forms (a host's blacklist cooldown ending) must
+reach the next commit's check. Prints one line per case: what the check did.
+"""
+from types import SimpleNamespace
+
+import horovod.torch as hvd
+from horovod.common.exceptions import HostsUpdatedInterrupt
+from horovod.runner.elastic.worker import HostUpdateResult
+
+from hvdtrain.runtime.elastic import Commits
+from hvdtrain.runtime.run import TrainState
+from hvdtrain.runtime.watchdog import Watchdog
+
+
+def a_run():
+    """The parts of a Run that Commits uses: its components, context and world-following."""
+    ctx = SimpleNamespace(print0=print, watchdog=Watchdog(0, watch=False))
+    checkpointer = SimpleNamespace(shared={"train_state": TrainState()}, per_rank={})
+    return SimpleNamespace(ctx=ctx, checkpointer=checkpointer, follow_world=lambda started: None)
+
+
+def next_commit_check(commits):
+    try:
+        commits.check_host_updates()
+    except HostsUpdatedInterrupt:
+        return f"hosts updated (timestamp {commits._last_updated_timestamp})"
+    return "no update"
+
+
+def lost_worker_then(commits, before, during):
+    for timestamp in before:
+        commits.on_hosts_updated(timestamp, HostUpdateResult.added)
+    commits.restore()  # a worker was lost
+    for timestamp in during:  # the world re-forms
+        commits.on_hosts_updated(timestamp, HostUpdateResult.added)
+    commits.on_reset()
+    return next_commit_check(commits)
+
+
+hvd.init()
+print("update during the reset:", lost_worker_then(Commits(a_run(), 1), before=[100], during=[200]))
+print("update before the loss only:", lost_worker_then(Commits(a_run(), 1), before=[100], during=[]))
