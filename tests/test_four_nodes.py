@@ -27,14 +27,15 @@ SIXTEEN_BY_4 = sixteen_by_4(10)
 pytestmark = pytest.mark.whole_machine  # 16 ranks on 2 cores: the tests beside them would starve
 
 
-def on_four_hosts(hosts, tmp_path, launcher, script_args, env=None):
-    """``script_args`` on 16 ranks, 4 per host, started from node1; returns the finished launch."""
+def on_four_hosts(hosts, tmp_path, launcher, script_args, env=None, slots=SLOTS):
+    """``script_args`` on 16 ranks (4 x ``slots``), 4 per host, started from node1; the finished launch."""
+    ranks = slots * len(HOSTS)
     if launcher == "mpirun":
         hostfile = tmp_path / "hostfile"
-        hostfile.write_text("".join(f"{host} slots={SLOTS}\n" for host in HOSTS))
-        command = hosts.mpirun(RANKS, hostfile, pass_env=env or {})
+        hostfile.write_text("".join(f"{host} slots={slots}\n" for host in HOSTS))
+        command = hosts.mpirun(ranks, hostfile, pass_env=env or {})
     else:
-        command = ["horovodrun", "-np", str(RANKS), "-H", ",".join(f"{host}:{SLOTS}" for host in HOSTS),
+        command = ["horovodrun", "-np", str(ranks), "-H", ",".join(f"{host}:{slots}" for host in HOSTS),
                    "--gloo", "--network-interface", INTERFACE]
     return launch(hosts.on_first([*command, sys.executable, CNN, *script_args]), timeout=TIMEOUT,
                   env={**hosts.env(), "OMPI_MCA_rmaps_base_oversubscribe": "0", **(env or {})})
@@ -66,6 +67,15 @@ def test_horovodrun_16_ranks_on_four_hosts_equal_one_worker(four_hosts, one_work
                                                                 "--output-dir", out]), out)
     assert_same_weights_as(out, one_worker, (10, STEPS))
     assert_placed_four_per_host(out)
+
+
+def test_mpirun_32_ranks_8_per_host_equal_one_worker(four_hosts, one_worker, tmp_path):
+    """32 ranks x batch 2, 8 slots on each host: the same global batch of 64 as one worker."""
+    out = tmp_path / "run"
+    trained(on_four_hosts(four_hosts, tmp_path, "mpirun", [*sixteen_by_4(10, ranks=32), "--max-steps", STEPS,
+                                                            "--output-dir", out], slots=8), out)
+    assert_same_weights_as(out, one_worker, (10, STEPS))
+    assert_placed_four_per_host(out, ranks=32, slots=8)
 
 
 def test_16_ranks_stopped_and_resumed_equal_the_uninterrupted_run_bit_for_bit(four_hosts, sixteen_under_mpirun,

@@ -108,6 +108,7 @@ OTHER_PROGRAMS = {
     "tools/make_synthetic_shards.py": {"--tokenizer", "--shards", "--rows"},
     "tools/measure_prepare_rate.py": {"--megabytes", "--repeat"},
     "tools/measure_balance.py": {"--share", "--rounds"},
+    "tools/scale_study.py": {"--ranks", "--hosts", "--steps", "--no-elastic", "--json"},
 }
 
 

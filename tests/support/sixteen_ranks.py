@@ -19,11 +19,11 @@ HOSTS = [f"node{i}" for i in range(1, 5)]
 SMALL = ["--model", "convnet", "--image-size", "8", "--threads", "1"]
 
 
-def sixteen_by_4(checkpoint_every):
-    """16 ranks x batch 4. --lr is per --batch-size samples and scaled to the global
-    batch: 0.1 for 64 samples, as in one_by_64."""
-    return [*SMALL, "--batch-size", "4", "--lr", str(0.1 / RANKS), "--checkpoint-every", checkpoint_every,
-            "--straggler-interval", "5"]
+def sixteen_by_4(checkpoint_every, ranks=RANKS):
+    """16 ranks x batch 4 (``ranks`` x 64 / ``ranks``). --lr is per --batch-size samples and
+    scaled to the global batch: 0.1 for 64 samples, as in one_by_64."""
+    return [*SMALL, "--batch-size", str(64 // ranks), "--lr", str(0.1 / ranks), "--checkpoint-every",
+            checkpoint_every, "--straggler-interval", "5"]
 
 
 def one_by_64(checkpoint_every):
@@ -51,8 +51,8 @@ def assert_same_weights_as(out, reference, steps):
             torch.testing.assert_close(mine[key], value, rtol=0, atol=1e-5, msg=lambda m: f"step {step} {key}: {m}")
 
 
-def assert_placed_four_per_host(out):
+def assert_placed_four_per_host(out, ranks=RANKS, slots=SLOTS):
     """Every rank's own view of its node: its host, local rank and size, one thread."""
     placement = json.loads((out / "results.json").read_text())["placement"]
     assert [(p["rank"], p["host"], p["local_rank"], p["local_size"], p["threads"]) for p in placement] == [
-        (rank, HOSTS[rank // SLOTS], rank % SLOTS, SLOTS, 1) for rank in range(RANKS)], placement
+        (rank, HOSTS[rank // slots], rank % slots, slots, 1) for rank in range(ranks)], placement

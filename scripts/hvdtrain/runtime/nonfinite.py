@@ -3,9 +3,10 @@
 One rank's non-finite loss makes its gradients non-finite, and Horovod's
 average carries them to every rank: applied, they would ruin every rank's
 weights. So after the gradient allreduce and before the optimizer steps, the
-ranks exchange one flag each (one tiny allgather, on every step and every
-rank, skipped or not, so the ranks always call the same collectives), and all
-of them then do the same:
+ranks combine one flag each (one 4-byte allreduce, on every step and every
+rank, skipped or not, so the ranks always call the same collectives; only on a
+non-finite step an allgather of the flags names the ranks), and all of them
+then do the same:
 
 - ``--nonfinite-loss skip`` (default): no update and the gradients are zeroed,
   on every rank. The step still counts as a step (its batch is used, the LR
@@ -30,7 +31,7 @@ import os
 import torch
 
 from hvdtrain import cli
-from hvdtrain.runtime import dist
+from hvdtrain.runtime import dist, peers
 from hvdtrain.errors import NONFINITE_EXIT, UsageError
 
 # Tests only: "rank=1,steps=5,6" makes rank 1's loss NaN at steps 5 and 6.
@@ -82,13 +83,13 @@ class NonFiniteGuard:
         backward), so a non-finite loss can only stop the run.
         """
         finite, self.finite = bool(self.finite), True
-        ranks = dist.ranks_where(not finite)
-        if not ranks:
+        # Not an allgather on every step: N flags to every rank, every step, at N ranks.
+        if not dist.any_rank_true(not finite):
             self.in_a_row = 0
             return False
+        ranks = dist.ranks_where(not finite)
         self.in_a_row += 1
-        where = f"non-finite loss (NaN or Inf) at step {self.step} on rank{'s' if len(ranks) > 1 else ''} " \
-                f"{', '.join(map(str, ranks))}"
+        where = f"non-finite loss (NaN or Inf) at step {self.step} on {peers.rank_list(ranks)}"
         if not can_skip:
             raise RunStopped(f"{where}: --use-adasum applies the update during the backward pass, so the "
                              "step cannot be skipped; stopped")
