@@ -6,7 +6,7 @@ import pytest
 
 from support import machine
 from support.needs import cuda_gpus, require_module, require_program
-from support.slurm_cluster import SlurmCluster, require_slurm
+from support.slurm_cluster import running_on
 from support.hosts import Hosts, require_hosts
 
 
@@ -29,12 +29,8 @@ def need_mpi():
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """A running one-node Slurm cluster for the whole test session."""
-    require_slurm()
-    cluster = SlurmCluster.start()
-    try:
+    with running_on() as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import pytest
 from support.needs import require_module, require_program
 from support.sixteen_ranks import (RANKS, assert_placed_four_per_host, assert_same_weights_as, one_worker,
                                    sixteen_by_4)
-from support.slurm_cluster import SlurmCluster, require_slurm
+from support.slurm_cluster import running_on
 from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, final_checkpoint,
                                 send_usr1_to_batch_shell)
 
@@ -32,12 +32,8 @@ JOB_TIMEOUT = 600  # per job; they run one after another
 @pytest.fixture(scope="module")
 def four_node_slurm(four_hosts):
     """slurmctld and slurmd node1 on host node1, slurmd nodeN on host nodeN."""
-    require_slurm()
-    cluster = SlurmCluster.start(list(four_hosts.addresses.items()), four_hosts.on)
-    try:
+    with running_on(four_hosts) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from support.bert_data import prepare_bert_data
 from support.launch import REPO
 from support.needs import require_module, require_program
-from support.slurm_cluster import SlurmCluster, require_slurm
+from support.slurm_cluster import running_on
 from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, events,
                                 final_checkpoint, probe_sbatch, send_usr1_to_batch_shell)
 
@@ -44,12 +44,8 @@ PROBES = {"probe-srun": ("srun", "", "SIGUSR1"), "probe-mpirun": ("mpirun", "", 
 @pytest.fixture(scope="session")
 def two_node_slurm(two_hosts):
     """slurmctld and slurmd hvd-a on host hvd-a, slurmd hvd-b on host hvd-b."""
-    require_slurm()
-    cluster = SlurmCluster.start(list(two_hosts.addresses.items()), two_hosts.on)
-    try:
+    with running_on(two_hosts) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def submit_on_two_nodes(cluster, two_hosts, sbatch_file, log, args, launcher, launcher_args=""):

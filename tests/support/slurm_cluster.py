@@ -17,6 +17,7 @@ runs on each host as ``slurmd -N name``, slurmctld and every Slurm command on
 the first, and each node has a munged of its own, as on a real cluster (see
 SlurmCluster.on for why).
 """
+import contextlib
 import os
 import pwd
 import re
@@ -360,6 +361,18 @@ def stop_process(process, grace=10):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def running_on(hosts=None):
+    """A cluster for a fixture's lifetime: one node here, or a slurmd on each of
+    support/hosts.py's ``hosts`` (slurmctld on the first); stopped afterwards."""
+    require_slurm()
+    cluster = SlurmCluster.start(list(hosts.addresses.items()), hosts.on) if hosts else SlurmCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def require_slurm():
