@@ -27,17 +27,18 @@ SIXTEEN_BY_4 = sixteen_by_4(10)
 pytestmark = pytest.mark.whole_machine  # 16 ranks on 2 cores: the tests beside them would starve
 
 
-def on_four_hosts(hosts, tmp_path, launcher, script_args, env=None, slots=SLOTS):
-    """``script_args`` on 16 ranks (4 x ``slots``), 4 per host, started from node1; the finished launch."""
+def on_four_hosts(hosts, tmp_path, launcher, script_args, env=None, slots=SLOTS, launch_on="node1"):
+    """``script_args`` on 16 ranks (4 x ``slots``), 4 per host, the launcher started on
+    ``launch_on`` (ranks 0-3 are node1's either way); the finished launch."""
     ranks = slots * len(HOSTS)
     if launcher == "mpirun":
         hostfile = tmp_path / "hostfile"
         hostfile.write_text("".join(f"{host} slots={slots}\n" for host in HOSTS))
         command = hosts.mpirun(ranks, hostfile, pass_env=env or {})
-    else:
+    else:  # "horovodrun" (its Gloo controller) or "horovodrun --mpi" (its mpirun)
         command = ["horovodrun", "-np", str(ranks), "-H", ",".join(f"{host}:{slots}" for host in HOSTS),
-                   "--gloo", "--network-interface", INTERFACE]
-    return launch(hosts.on_first([*command, sys.executable, CNN, *script_args]), timeout=TIMEOUT,
+                   "--mpi" if launcher.endswith("--mpi") else "--gloo", "--network-interface", INTERFACE]
+    return launch(hosts.on(launch_on, [*command, sys.executable, CNN, *script_args]), timeout=TIMEOUT,
                   env={**hosts.env(), "OMPI_MCA_rmaps_base_oversubscribe": "0", **(env or {})})
 
 
@@ -124,10 +125,10 @@ def rank_error_lines(output):
     return [line for line in output.splitlines() if re.search(r"rank \d+: error:", line)]
 
 
-# Under mpirun the same mechanism is tested on one host (test_scale.py) and a partition
-# across two (test_launchers.py); here horovodrun's, whose ranks reach node4 over Gloo.
-# (Both ran here under mpirun too: one line, 54 s; ended 56 s after the partition.)
-@pytest.mark.parametrize("launcher", ["horovodrun"])
+# Under a bare mpirun the same mechanism is tested on one host (test_scale.py) and a partition
+# across two (test_launchers.py); here horovodrun's two controllers, whose ranks reach node4
+# over Gloo or MPI. (Both ran here under mpirun too: one line, 54 s; ended 56 s after the partition.)
+@pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun --mpi"])
 def test_a_frozen_node_ends_the_job_with_one_line_naming_it(four_hosts, launcher, tmp_path):
     """node4's four ranks SIGSTOPped at once after step 15: one line, rank 0's, names them and
     their host (the watchdog, or Gloo's transport timeout)."""
@@ -150,7 +151,34 @@ def test_a_frozen_node_ends_the_job_with_one_line_naming_it(four_hosts, launcher
     print(f"a frozen node at {RANKS} ranks under {launcher}: one line, {elapsed:.0f} s in all: {errors[0]}")
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun"])
+# Where ranks 0-3 run when the launcher is on node4: horovodrun follows -H's order (node1);
+# Open MPI gives its own node the first ranks when the hostfile lists it (node4).
+RANK_0_HOST = {"horovodrun": "node1", "mpirun": "node4"}
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_rank_0s_node_frozen_is_one_line_from_the_first_rank_of_another_node(four_hosts, launcher, tmp_path):
+    """The launcher on node4, the node of ranks 0-3 frozen (SIGSTOPped after step 15): rank 0
+    cannot speak, so rank 4 (the first rank on another host: rank 0's deputy) names them, and
+    the 11 other survivors, who no longer hear rank 0 but hear rank 4, stay quiet. (Before
+    the deputy, each survivor whose watchdog fired printed its own line, naming no one.)"""
+    lost = RANK_0_HOST[launcher]
+    try:
+        run = on_four_hosts(four_hosts, tmp_path, launcher,
+                            [*SMALL, "--batch-size", "4", "--epochs", "3", "--output-dir", tmp_path / "run"],
+                            env={"HVDTRAIN_FAULT": "rank=0-3,step=15,kind=stop",
+                                 "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"}, launch_on="node4")
+    finally:
+        four_hosts.vanish(lost, CNN.name)  # a frozen node stays frozen (see above)
+    assert run.returncode != 0 and not run.timed_out, run.describe()
+    errors = rank_error_lines(run.output)
+    assert len(errors) == 1 and "rank 4: error:" in errors[0], run.describe()
+    assert f"ranks 0-3 (all 4 on {lost})" in errors[0], run.describe()
+    assert "terminate called" not in run.output and not RANK_TRACEBACK.search(run.output), run.describe()
+    print(f"rank 0's node frozen at {RANKS} ranks under {launcher}: {errors[0]}")
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun --mpi"])
 def test_a_partitioned_node_ends_the_job_within_120_s_with_one_line(four_hosts, launcher, tmp_path):
     """node4's link taken down mid-training (its ranks alive, their packets lost): the job ends
     within 120 s of the partition, one line from the ranks names node4's ranks, nothing after it."""

@@ -33,3 +33,30 @@ def test_a_frozen_node_at_16_ranks_is_one_line_naming_its_ranks(tmp_path, need_h
     assert "rank 0: error:" in errors[0] and "not heard from ranks 12-15 (4 of 16 on" in errors[0], run.describe()
     assert "frozen, dead or cut off" in errors[0], run.describe()
     print(f"frozen node at {RANKS} ranks: one line after {elapsed:.0f} s: {errors[0]}")
+
+
+def test_the_job_speaks_through_rank_0_else_its_deputy_else_each_rank_itself(need_horovod):
+    """Who prints the job's one line, as each rank sees it (runtime/peers.py): rank 0 while
+    heard; the first rank on another host when rank 0 is silent (its node is the one lost);
+    a rank that hears neither speaks for itself."""
+    from hvdtrain.runtime import peers
+
+    hosts = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
+    assert peers.deputy_of(hosts) == 4 and peers.deputy_of(["a", "a"]) is None
+    now = time.monotonic()
+    rank_9 = peers.Peers(9, hosts, listeners={})  # no sockets: no threads, the decision only
+    rank_9.answered = {0: now, 4: now}
+    assert rank_9.speaker() == 0
+    rank_9.answered[0] = now - 11
+    assert rank_9.speaker() == 4 and not rank_9.listens
+    rank_9.answered[4] = now - 11
+    assert rank_9.speaker() == 9 and rank_9.who_is_silent() == ""
+    deputy = peers.Peers(4, hosts, listeners={})
+    deputy.answered = {0: now}
+    assert deputy.speaker() == 0 and deputy.listens
+    deputy.answered[0] = now - 11
+    deputy.heard = {rank: now - 11 if rank < 4 else now for rank in range(12) if rank != 4}
+    assert deputy.speaker() == 4
+    assert deputy.who_is_silent().startswith("not heard from ranks 0-3 (all 4 on a) for 11 s")
+    rank_9.reported.set()  # the speaker's line is out: a failed collective adds none
+    assert rank_9.on_peer_failure() is None

@@ -1,24 +1,30 @@
-"""Which ranks are still alive: a heartbeat to rank 0 beside Horovod, so one line can name a lost node.
+"""Which ranks are still alive: a heartbeat beside Horovod, so one line can name a lost node.
 
 When a rank freezes, dies or is cut off from the network, every other rank
 waits in its next collective and cannot tell why: Horovod's coordinator waits
-in the same negotiation. So each rank also sends rank 0 a datagram every
-BEAT_SECONDS from a daemon thread, and rank 0 answers each one. When the
-progress watchdog (runtime/watchdog.py) finds no progress:
+in the same negotiation. So two ranks listen, rank 0 and its deputy (the first
+rank on another host than rank 0's), and every rank sends each of them a
+datagram every BEAT_SECONDS from a daemon thread; each listener answers. When
+the progress watchdog (runtime/watchdog.py) finds no progress, or a collective
+fails, one rank speaks for the job (``speaker``):
 
-- rank 0 names the ranks it has not heard from for SILENT_SECONDS, with their
+- rank 0, naming the ranks it has not heard from for SILENT_SECONDS, with their
   hosts: one line for the whole job;
-- every other rank stays quiet while it still hears rank 0: rank 0 speaks for
-  the job, and its exit ends the others through the launcher;
-- a rank that no longer hears rank 0 speaks for itself, unless rank 0 said it
-  has spoken (a frozen rank woken by the launcher reads that first).
+- where rank 0 is not heard (its node froze, died or was cut off), the deputy,
+  naming them the same way (rank 0's among them); the launcher, on another
+  node, ends the job when the deputy exits;
+- a rank that hears neither speaks for itself, unless a listener said it has
+  spoken (a frozen rank woken by the launcher reads that first).
 
-A frozen process sends nothing (SIGSTOP stops its threads too), a dead one
-neither, and a cut-off host's datagrams do not arrive: from rank 0 the three
-look the same, and the line says so. The cost: one datagram of a few dozen
-bytes per rank every 2 s to rank 0 (256 a second at 512 ranks), and one
-allgather of host names at start. UDP, so a lost datagram costs nothing and no
-connection state grows with the job. Not under --elastic, whose world changes.
+Every other rank stays quiet while it hears the one that speaks: that rank's
+exit ends the others through the launcher. A frozen process sends nothing
+(SIGSTOP stops its threads too), a dead one neither, and a cut-off host's
+datagrams do not arrive: from a listener the three look the same, and the line
+says so. The cost: one datagram of a few dozen bytes per rank every 2 s to each
+of two ranks (256 a second each at 512 ranks), and one allgather of host names
+at start. UDP, so a lost datagram costs nothing and no connection state grows
+with the job. On one host there is no deputy (the node lost is the job). Not
+under --elastic, whose world changes.
 """
 import os
 import socket
@@ -33,30 +39,53 @@ BEAT_SECONDS = 2.0
 SILENT_SECONDS = 10.0  # not heard for this long: frozen, dead or cut off
 # After a failed collective: not heard for this long (two beats and a margin), a rank is lost.
 LOST_AFTER_SECONDS = 2 * BEAT_SECONDS + 0.5
-LINGER_SECONDS = 15.0  # a quiet rank waits this long at most for rank 0's line
-REPORTED = b"reported"  # rank 0 to every rank: the job's one line is out
-PORT_ENV = "HVDTRAIN_HEARTBEAT_PORT"  # rank 0's UDP port (default: any free one)
+LINGER_SECONDS = 15.0  # a quiet rank waits this long at most for the speaker's line
+REPORTED = b"reported"  # a listener to every rank: the job's one line is out
+PORT_ENV = "HVDTRAIN_HEARTBEAT_PORT"  # rank 0's UDP port (default: any free one); the deputy's is the next
 
 
 class Peers:
-    """This rank's side of the heartbeat: rank 0 listens and answers, every other rank beats."""
+    """This rank's side of the heartbeat: rank 0 and the deputy listen and answer, every rank beats."""
 
-    def __init__(self, rank, hosts, root_addresses, sock, step=lambda: None):
+    def __init__(self, rank, hosts, listeners, beating=None, listening=None, step=lambda: None):
         self.rank = rank
         self.hosts = hosts  # rank -> host name, the same list on every rank
-        self.root_addresses = root_addresses  # where rank 0 listens: [(ip, port)]
-        self.sock = sock
+        self.deputy = deputy_of(hosts)
+        self.listeners = listeners  # {0 or the deputy: [(ip, port)]}, those this rank beats to
+        self.beating = beating  # this rank's socket for its beats and the answers
+        self.listening = listening  # a listener's socket: beats in, answers and the announcement out
         self.step = step  # the latest finished step, sent along (for the record)
         self.started = time.monotonic()
-        self.heard = {}  # rank 0: rank -> when it was last heard from
-        self.senders = {}  # rank 0: rank -> the address its heartbeats come from
-        self.answered = self.started  # other ranks: when rank 0 last answered
-        self.reported = threading.Event()  # other ranks: rank 0 has printed the job's line
-        target = self._listen if rank == 0 else self._beat
-        threading.Thread(target=target, name="hvdtrain-heartbeat", daemon=True).start()
+        self.heard = {}  # a listener: rank -> when it was last heard from
+        self.senders = {}  # a listener: rank -> the address its heartbeats come from
+        self.answered = {listener: self.started for listener in listeners}  # listener -> when it last answered
+        self.reported = threading.Event()  # a listener has printed the job's line
+        if listening is not None:
+            threading.Thread(target=self._listen, name="hvdtrain-heartbeat-listen", daemon=True).start()
+        if listeners:
+            threading.Thread(target=self._beat, name="hvdtrain-heartbeat", daemon=True).start()
+
+    @property
+    def listens(self):
+        return self.rank in (0, self.deputy)
+
+    def hears(self, listener, seconds=SILENT_SECONDS):
+        """Did rank ``listener`` (0 or the deputy) answer within ``seconds``? A rank hears itself."""
+        return listener == self.rank or time.monotonic() - self.answered.get(listener, float("-inf")) <= seconds
+
+    def hears_root(self, seconds=SILENT_SECONDS):
+        return self.hears(0, seconds)
+
+    def speaker(self, seconds=SILENT_SECONDS):
+        """The rank that speaks for the job now, as this rank sees it: rank 0 while heard, else the
+        deputy while heard (or this rank, being it), else this rank itself."""
+        for listener in (0, self.deputy):
+            if listener is not None and self.hears(listener, seconds):
+                return listener
+        return self.rank
 
     def silent_ranks(self, seconds=SILENT_SECONDS):
-        """Rank 0: {rank: seconds since it was last heard} of those silent for over ``seconds``.
+        """A listener: {rank: seconds since it was last heard} of those silent for over ``seconds``.
 
         Only ranks heard at least once: where a firewall drops the heartbeat,
         nobody is named rather than everybody.
@@ -65,21 +94,17 @@ class Peers:
         return {rank: now - heard for rank, heard in self.heard.items() if now - heard > seconds}
 
     def who_is_silent(self):
-        """Rank 0: "not heard from ranks 12-15 (all 4 on node-d) for 61 s: frozen, dead or cut off", or ""."""
+        """A listener: "not heard from ranks 12-15 (all 4 on node-d) for 61 s: frozen, dead or cut off", or ""."""
         silent = self.silent_ranks()
         if not silent:
             return ""
         return (f"not heard from {self.describe(silent)} for {min(silent.values()):.0f} s: "
                 "frozen, dead or cut off from the network")
 
-    def hears_root(self, seconds=SILENT_SECONDS):
-        """Another rank: did rank 0 answer within ``seconds``?"""
-        return time.monotonic() - self.answered <= seconds
-
     def describe(self, ranks):
         """"ranks 12-15 (all 4 on node-d), rank 17 (1 of 4 on node-e)": who, grouped by host."""
         by_host = {}
-        for rank in ranks:
+        for rank in sorted(ranks):
             by_host.setdefault(self.hosts[rank], []).append(rank)
         parts = []
         for host, members in by_host.items():
@@ -91,87 +116,120 @@ class Peers:
     def on_peer_failure(self):
         """A collective failed (a peer died or left): what this rank says about it (errors.report).
 
-        Rank 0 waits a few beats for the lost ranks to fall silent and names them
-        ("" when none did); another rank that still hears rank 0 stays quiet (None)
-        and keeps beating until rank 0 has spoken or LINGER_SECONDS pass, so that
-        rank 0 does not take it for lost too. A rank that no longer hears rank 0
-        speaks for itself (""), unless rank 0 said it has spoken.
+        The speaker (rank 0, or the deputy once rank 0 is silent for
+        LOST_AFTER_SECONDS) waits a few beats for the lost ranks to fall silent
+        and names them ("" when none did). Another rank stays quiet (None) while
+        it hears the speaker, and keeps beating until the line is out or
+        LINGER_SECONDS pass, so that the speaker does not take it for lost too.
+        A rank that hears no listener speaks for itself (""), unless one said it
+        has spoken.
         """
-        if self.rank == 0:
-            deadline = time.monotonic() + LOST_AFTER_SECONDS + BEAT_SECONDS
-            while not self.silent_ranks(LOST_AFTER_SECONDS) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if self.silent_ranks(LOST_AFTER_SECONDS):
-                time.sleep(BEAT_SECONDS)  # the others lost with the first (a node's ranks) fall silent too
-            silent = self.silent_ranks(LOST_AFTER_SECONDS)
-            return f"lost {self.describe(silent)}" if silent else ""
-        if self.reported.is_set():
-            return None  # rank 0 has spoken already (e.g. its watchdog, before it exited)
-        if not self.hears_root(LOST_AFTER_SECONDS):
-            return ""
-        self.reported.wait(LINGER_SECONDS)
-        return None
+        deadline = time.monotonic() + LINGER_SECONDS
+        while not self.reported.is_set():
+            if self.speaker(LOST_AFTER_SECONDS) == self.rank:
+                return self._name_the_lost() if self.listens else ""
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        return None  # the speaker has spoken, or is heard and will
+
+    def _name_the_lost(self):
+        deadline = time.monotonic() + LOST_AFTER_SECONDS + BEAT_SECONDS
+        while not self.silent_ranks(LOST_AFTER_SECONDS) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self.silent_ranks(LOST_AFTER_SECONDS):
+            time.sleep(BEAT_SECONDS)  # the others lost with the first (a node's ranks) fall silent too
+        silent = self.silent_ranks(LOST_AFTER_SECONDS)
+        return f"lost {self.describe(silent)}" if silent else ""
 
     def announce_reported(self):
-        """Rank 0, having printed the job's line: tell every rank, so that none adds its own.
+        """A listener, having printed the job's line: tell every rank, so that none adds its own.
 
         A frozen rank reads this when it wakes (the launcher continues it to end it).
         """
+        if self.listening is None:
+            return  # not a listener: nobody beats to this rank
         for address in self.senders.values():
             try:
-                self.sock.sendto(REPORTED, address)
+                self.listening.sendto(REPORTED, address)
             except OSError:
                 pass
 
     def _listen(self):
+        answer = str(self.rank).encode()
         while True:
             try:
-                data, sender = self.sock.recvfrom(256)
+                data, sender = self.listening.recvfrom(256)
                 rank = int(data.split(b" ", 1)[0])
             except (OSError, ValueError):
                 continue
-            if 0 < rank < len(self.hosts):
+            if 0 <= rank < len(self.hosts) and rank != self.rank:
                 self.heard[rank], self.senders[rank] = time.monotonic(), sender
                 try:
-                    self.sock.sendto(b"0", sender)
+                    self.listening.sendto(answer, sender)
                 except OSError:  # its network is gone: it stays unheard
                     pass
 
     def _beat(self):
-        self.sock.settimeout(BEAT_SECONDS)
+        beating = self.beating
+        beating.settimeout(BEAT_SECONDS)
         while True:
             message = f"{self.rank} {self.step()}".encode()
-            for address in self.root_addresses:
-                try:
-                    self.sock.sendto(message, address)
-                except OSError:  # unreachable: rank 0 will not hear this rank, which is the point
-                    pass
+            for addresses in self.listeners.values():
+                for address in addresses:
+                    try:
+                        beating.sendto(message, address)
+                    except OSError:  # unreachable: the listener will not hear this rank, which is the point
+                        pass
             deadline = time.monotonic() + BEAT_SECONDS
             while time.monotonic() < deadline:
                 try:
-                    answer, _ = self.sock.recvfrom(16)
-                    self.answered = time.monotonic()
-                    if answer == REPORTED:
-                        self.reported.set()
+                    answer, _ = beating.recvfrom(16)
                 except socket.timeout:
                     break
                 except OSError:  # a refused send, reported here: wait for the next beat
                     time.sleep(max(0.0, deadline - time.monotonic()))
+                    continue
+                if answer == REPORTED:
+                    self.reported.set()
+                elif answer.isdigit() and int(answer) in self.answered:
+                    self.answered[int(answer)] = time.monotonic()
+
+
+def deputy_of(hosts):
+    """The first rank on another host than rank 0's (None on one host): it speaks when rank 0 cannot."""
+    return next((rank for rank, host in enumerate(hosts) if host != hosts[0]), None)
 
 
 def start(rank, step=lambda: None):
-    """Every rank's heartbeat; a collective (rank 0's addresses out, the host names in)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("0.0.0.0", int(os.environ.get(PORT_ENV, "0")) if rank == 0 else 0))
+    """Every rank's heartbeat; collectives (the host names in, the listeners' addresses out)."""
     host = this_host()
-    # Horovod: every rank learns every rank's host, and where rank 0 listens (a few bytes each).
+    # Horovod: every rank learns every rank's host (a few bytes each), so all agree on the deputy.
     hosts = hvd.allgather_object(host, name="hvdtrain.peers.hosts")
-    root = hvd.broadcast_object((_addresses(), sock.getsockname()[1]) if rank == 0 else None,
-                                root_rank=0, name="hvdtrain.peers.root")
-    addresses, port = root
-    if host == hosts[0]:
-        addresses = ["127.0.0.1"]  # rank 0's own node: the loopback always reaches it
-    return Peers(rank, hosts, [(address, port) for address in addresses], sock, step)
+    deputy = deputy_of(hosts)
+    port = int(os.environ.get(PORT_ENV, "0"))
+    listening = None
+    if rank in (0, deputy):
+        listening = _udp_socket(port + (rank == deputy) if port else 0)
+    listeners = {}
+    for listener in (0, deputy):
+        if listener is None:
+            continue
+        offer = (_addresses(), listening.getsockname()[1]) if rank == listener else None
+        # Horovod: where this listener is reached, from the listener to every rank.
+        addresses, listener_port = hvd.broadcast_object(offer, root_rank=listener,
+                                                         name=f"hvdtrain.peers.listener.{listener}")
+        if host == hosts[listener]:
+            addresses = ["127.0.0.1"]  # the listener's own node: the loopback always reaches it
+        if listener != rank:
+            listeners[listener] = [(address, listener_port) for address in addresses]
+    return Peers(rank, hosts, listeners, _udp_socket(0), listening, step)
+
+
+def _udp_socket(port):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("0.0.0.0", port))
+    return sock
 
 
 def _addresses():

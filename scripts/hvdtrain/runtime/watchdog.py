@@ -119,26 +119,28 @@ class Watchdog:
             if silent <= limit:
                 frozen = 0.0  # progress since: stopped and continued (Ctrl-Z, fg) is no hang
             elif frozen or silent > limit + WAITING_GRACE_SECONDS or not _main_thread_place()[0]:
-                if not frozen and self._rank_zero_speaks():
-                    # One line for the job: rank 0's, naming who is missing; its exit ends this
-                    # rank through the launcher. Should rank 0 fall silent, this rank speaks.
-                    while self.peers.hears_root():
+                if not frozen and self._another_rank_speaks():
+                    # One line for the job: rank 0's (or its deputy's, when rank 0's node is the
+                    # one lost), naming who is missing; its exit ends this rank through the
+                    # launcher. Should the speaker fall silent too, this rank speaks.
+                    while self.peers.speaker() != self.rank and not self.peers.reported.is_set():
                         time.sleep(1.0)
-                if self.peers is not None and self.rank != 0 and self.peers.reported.wait(2.0):
-                    os._exit(WATCHDOG_EXIT)  # rank 0 has named this rank already
+                if self.peers is not None and (self.rank != 0 or frozen) and self.peers.reported.wait(2.0):
+                    os._exit(WATCHDOG_EXIT)  # the speaker has named this rank already
                 print(f"rank {self.rank}: error: {self._cause(silent, frozen)}; aborting "
                       f"(limit {limit:.0f} s: {why})", file=sys.stderr, flush=True)
-                if self.peers is not None and self.rank == 0:
+                if self.peers is not None and self.peers.listens:
                     self.peers.announce_reported()
                     if self.peers.silent_ranks():  # a lost node: its launcher may never end the job
                         teardown.end_a_stuck_launcher()
                 os._exit(WATCHDOG_EXIT)
 
-    def _rank_zero_speaks(self):
-        """True on a rank other than 0 that waits in a collective while rank 0 is alive and heard."""
-        if self.peers is None or self.rank == 0 or self.current_phase:
+    def _another_rank_speaks(self):
+        """True on a rank that waits in a collective while the rank that speaks for the job
+        (rank 0, or its deputy) is alive and heard."""
+        if self.peers is None or self.current_phase:
             return False
-        return _main_thread_place()[0] and self.peers.hears_root()
+        return _main_thread_place()[0] and self.peers.speaker() != self.rank
 
     def _cause(self, silent, frozen):
         if frozen:
@@ -148,7 +150,7 @@ class Watchdog:
             return f"{self.current_phase} took more than {silent:.0f} s"
         waiting, place = _main_thread_place()
         if waiting:
-            missing = self.peers.who_is_silent() if self.peers is not None and self.rank == 0 else ""
+            missing = self.peers.who_is_silent() if self.peers is not None and self.peers.listens else ""
             return (f"no training progress for {silent:.0f} s {self._when()}: waiting in a collective for "
                     f"another rank that is frozen, deadlocked or dead" + (f"; {missing}" if missing else ""))
         return (f"no training progress for {silent:.0f} s {self._when()}: this rank's main thread is stuck "
