@@ -7,6 +7,7 @@
     mpirun -np 2 python scripts/benchmark.py allreduce          # hvd.allreduce vs mpi4py vs torch.distributed
     python scripts/benchmark.py scaling --np 1 2 --output-dir runs/scaling -- --model resnet20
     python scripts/benchmark.py compare --np 2 --repeats 3 -- --model bert-mini   # side by side, with ratios
+    python scripts/benchmark.py tune --np 2 -- --model resnet20   # the fastest Horovod settings: a profile
     python scripts/benchmark.py timeline runs/timeline.json   # where the time went (--horovod-timeline)
     python scripts/benchmark.py predict --model resnet50 --compute-ms 100 --link-gbit 100   # 2-512 nodes
 
@@ -21,6 +22,9 @@ scaling.json and scaling.png (throughput and efficiency T(N) / (N T(1))).
 compare: Horovod and DDP on N workers, Horovod on one, the plain loop and N
 plain loops at once (the machine's own weak-scaling ceiling), interleaved for
 --repeats rounds; medians and their ratios in compare.json.
+tune: every combination of fusion threshold, cycle time and compression (and
+Horovod's defaults) launched in interleaved rounds; the fastest is written as
+a profile the trainers read (--horovod-profile).
 timeline: totals per activity (negotiation, allreduce, fusion-buffer copies)
 and the number of collectives in a Horovod timeline.
 predict: a model, nothing runs: step time and efficiency on 2 to 512 nodes
@@ -30,14 +34,14 @@ and each cell's bound against a tools/link_study.py study.json.
 Every result file records the environment and the exact command.
 
 Each mode lives in hvdtrain/bench/: train.py, allreduce.py, scaling.py (scaling
-and compare), timeline.py, predict.py and bounds.py (predict --validate); backends.py (Horovod, DDP, one process),
+and compare), tune.py, timeline.py, predict.py and bounds.py (predict --validate); backends.py (Horovod, DDP, one process),
 workloads.py (the trainers' steps) and record.py (statistics, environment, JSON).
 """
 import sys
 from pathlib import Path
 
 from hvdtrain import cli
-from hvdtrain.bench import allreduce, bounds, predict, scaling, timeline, train
+from hvdtrain.bench import allreduce, bounds, predict, scaling, timeline, train, tune
 
 
 def run_predict(args):
@@ -46,7 +50,7 @@ def run_predict(args):
 
 
 MODES = {"train": train.run, "allreduce": allreduce.run, "scaling": scaling.run_scaling,
-         "compare": scaling.run_compare, "timeline": timeline.run, "predict": run_predict}
+         "compare": scaling.run_compare, "tune": tune.run, "timeline": timeline.run, "predict": run_predict}
 
 
 def parse_args(argv=None):
@@ -56,6 +60,7 @@ def parse_args(argv=None):
     train.add_arguments(modes)
     allreduce.add_arguments(modes)
     scaling.add_arguments(modes, script=Path(__file__).resolve())  # scaling, compare: they launch this train
+    tune.add_arguments(modes, script=Path(__file__).resolve())  # tune too
     timeline.add_arguments(modes)
     predict.add_arguments(modes)
     argv = sys.argv[1:] if argv is None else argv

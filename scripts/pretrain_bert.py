@@ -28,7 +28,8 @@ from hvdtrain import cli
 from hvdtrain.data import bert_data, bert_elastic
 from hvdtrain.errors import UsageError
 from hvdtrain.models import bert as bert_models
-from hvdtrain.runtime import checkpoint, consistency, dist, elastic, precision, run as run_skeleton, signals
+from hvdtrain.runtime import (checkpoint, consistency, dist, elastic, horovod_profile, precision,
+                              run as run_skeleton, signals)
 from hvdtrain.runtime.metrics import SumMeter, Throughput
 from hvdtrain.runtime.run import Run
 from hvdtrain.training import balance, bert
@@ -174,8 +175,11 @@ def main(argv=None):
     dist.exit_quietly_on_interrupt()
     stop_request = signals.StopRequest()
     dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
+    profile = horovod_profile.apply(args)  # Horovod's variables from benchmark.py tune, before hvd.init()
     # Horovod: hvd.init(), this rank's device, the node's cores shared by its ranks
     ctx = dist.init(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
+    if profile:
+        ctx.print0(profile)
     # Horovod: a check that fails on one rank stops every rank with the same one line
     agree = lambda check, *a: elastic.agree_before_start(args.elastic, check, *a)  # noqa: E731
     metadata, config, init = agree(load_setup, args, ctx)

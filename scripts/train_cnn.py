@@ -22,7 +22,7 @@ from hvdtrain.data import images
 from hvdtrain.data.sampling import BalancedSampler, ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
 from hvdtrain.errors import UsageError
 from hvdtrain.models import resnet
-from hvdtrain.runtime import consistency, dist, elastic, precision, run as run_skeleton, signals
+from hvdtrain.runtime import consistency, dist, elastic, horovod_profile, precision, run as run_skeleton, signals
 from hvdtrain.runtime.metrics import SumMeter, rate_text, total_throughput
 from hvdtrain.runtime.run import Run
 from hvdtrain.training import balance, batchnorm, cnn, loaders
@@ -109,8 +109,11 @@ def main():
     dist.exit_quietly_on_interrupt()
     stop_request = signals.StopRequest()
     dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
+    profile = horovod_profile.apply(args)  # Horovod's variables from benchmark.py tune, before hvd.init()
     # Horovod: hvd.init(), this rank's device, the node's cores shared by its ranks
     ctx = dist.init(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
+    if profile:
+        ctx.print0(profile)
     # Horovod: a check that fails on one rank stops every rank with the same one line
     agree = lambda check, *a: elastic.agree_before_start(args.elastic, check, *a)  # noqa: E731
     resolved = agree(cnn.check_args, args, ctx)

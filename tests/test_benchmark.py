@@ -10,6 +10,7 @@ import re
 import pytest
 
 from support.launch import SCRIPTS, horovodrun, python
+from support.slurm_jobs import final_checkpoint
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 
@@ -185,3 +186,68 @@ def test_compare_runs_every_kind_interleaved_and_reports_ratios(tmp_path):
     for name in ("horovod / ddp", "horovod_1 / none", "weak scaling 1 -> 2", "ddp weak scaling 1 -> 2",
                  "ceiling: 2 independent / (2 x none)"):
         assert re.search(rf"^{re.escape(name)}: [\d.]+$", run.output, re.MULTILINE), run.describe()
+
+
+def test_tune_launches_every_combination_and_writes_the_fastest_that_beat_the_defaults(tmp_path):
+    """tune: the defaults and each combination launched (interleaved rounds), each run getting
+    its settings; the profile holds the fastest if it beat the defaults in every round, else
+    the defaults (nothing set): which one depends on this machine's noise, the rule does not."""
+    out = tmp_path / "tune"
+    run = ok(python([BENCH, "tune", "--np", "2", "--fusion-mb", "0", "64", "--cycle-ms", "2.5",
+                     "--compression", "none", "--repeats", "2", "--output-dir", out, "--", *CNN[1:]], timeout=600))
+    data = json.loads((out / "tune.json").read_text())
+    rows = data["rows"]
+    assert [(row["fusion_mb"], row["cycle_ms"], row["fp16_allreduce"]) for row in rows] == [
+        (None, None, False), (0, 2.5, False), (64, 2.5, False)], rows
+    for index, row in enumerate(rows):
+        for repeat in range(2):  # each run got its settings (as the run itself recorded them)
+            knobs = result(out / f"run{index}-{repeat}.json")["environment"]["knobs"]
+            expected = {} if row["fusion_mb"] is None else {
+                "HOROVOD_FUSION_THRESHOLD": str(row["fusion_mb"] * 2**20), "HOROVOD_CYCLE_TIME": "2.5"}
+            assert {name: knobs.get(name) for name in expected} == expected, knobs
+        assert len(row["rates"]) == 2 and row["of_defaults"] == row["median"] / rows[0]["median"]
+    fastest = max(rows, key=lambda row: row["median"])
+    beat = min(fastest["rates"]) > max(rows[0]["rates"])
+    chosen = fastest if beat else rows[0]
+    assert (data["fastest"], data["best"]) == (fastest["name"], chosen["name"]), data
+    assert f"* {chosen['name']}" in run.output, run.describe()
+    profile = json.loads((out / "horovod-profile.json").read_text())
+    expected = {} if chosen is rows[0] else {"HOROVOD_FUSION_THRESHOLD": str(chosen["fusion_mb"] * 2**20),
+                                             "HOROVOD_CYCLE_TIME": "2.5"}
+    assert profile["environment"] == expected and profile["fp16_allreduce"] is False, profile
+    assert profile["tuned_on"]["np"] == 2 and profile["tuned_on"]["controller"] == "mpi", profile
+
+
+def test_the_trainers_read_a_tuned_profile_and_the_environment_and_flag_win(tmp_path):
+    from hvdtrain.runtime import horovod_profile  # what benchmark.py tune writes with
+
+    profile = horovod_profile.write(tmp_path / "profile.json", 64, 2.5, True,
+                                    {"np": 2, "controller": "mpi", "train_args": "--model resnet20"})
+    train = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--image-size", "8", "--max-steps", "2",
+             "--horovod-profile", profile]
+    used = ok(horovodrun(2, [*train, "--output-dir", tmp_path / "a"], timeout=240))
+    assert (f"Horovod profile {profile} (tuned on 2 ranks, mpi controller, --model resnet20): "
+            f"HOROVOD_FUSION_THRESHOLD={64 * 2**20}, HOROVOD_CYCLE_TIME=2.5, fp16 allreduce on") in used.output
+    assert final_checkpoint(tmp_path / "a", 2)["settings"]["fp16_allreduce"] is True  # what the run computed with
+    kept = ok(horovodrun(2, [*train, "--output-dir", tmp_path / "b", "--no-fp16-allreduce"], timeout=240,
+                         env={"HOROVOD_CYCLE_TIME": "7"}))
+    assert (f"HOROVOD_FUSION_THRESHOLD={64 * 2**20}; kept HOROVOD_CYCLE_TIME=7 (set in the environment), "
+            "fp16 allreduce off (the flag)") in kept.output, kept.describe()
+    assert final_checkpoint(tmp_path / "b", 2)["settings"]["fp16_allreduce"] is False
+
+
+@pytest.mark.parametrize("text, fragment", [
+    (None, "cannot read it (No such file or directory)"),
+    ("{", "not JSON"),
+    ('{"format": "other"}', "not a Horovod profile"),
+    ('{"format": "hvdtrain-horovod-profile/1", "environment": {"HOROVOD_TIMELINE": "x"}}', '"environment" may set'),
+], ids=["missing", "not-json", "other-format", "other-variable"])
+def test_a_bad_horovod_profile_is_one_line_exit_2(tmp_path, text, fragment):
+    profile = tmp_path / "profile.json"
+    if text is not None:
+        profile.write_text(text)
+    run = python([SCRIPTS / "train_cnn.py", "--horovod-profile", profile, "--output-dir", tmp_path / "out"],
+                 timeout=120)
+    assert run.returncode == 2, run.describe()
+    lines = run.output.strip().splitlines()
+    assert len(lines) == 1 and f"--horovod-profile {profile}: {fragment}" in lines[0], run.describe()

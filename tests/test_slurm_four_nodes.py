@@ -17,7 +17,7 @@ import time
 import pytest
 
 from support.needs import require_module, require_program
-from support.sixteen_ranks import (RANKS, assert_placed_four_per_host, assert_same_weights_as, one_worker,
+from support.sixteen_ranks import (RANKS, SMALL, assert_placed_four_per_host, assert_same_weights_as, one_worker,
                                    sixteen_by_4)
 from support.slurm_cluster import running_on
 from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, final_checkpoint,
@@ -94,3 +94,63 @@ def test_usr1_checkpoints_requeues_and_resumes_16_ranks_bit_identical(four_node_
     expected, actual = final_checkpoint(jobs["srun"][2], STEPS), final_checkpoint(out, STEPS)
     assert_same_tensors(actual["model"], expected["model"], "model")
     assert_same_tensors(actual["optimizer"]["state"], expected["optimizer"]["state"], "optimizer")
+
+
+# ----------------------------------------------------------------------- faults that only nodes have, under srun
+FAULT_JOB = [*SMALL, "--batch-size", "4", "--epochs", "3", "--checkpoint-every", "10"]
+QUICK_WATCHDOG = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"}
+
+
+def srun_job(cluster, hosts, log, out, env):
+    """16 ranks under LAUNCHER=srun (srun --mpi=pmix --kill-on-bad-exit), four per node."""
+    return cluster.sbatch(["--output", log, "--nodes=4", "--ntasks-per-node=4", "--exclusive",
+                           SLURM / "train_cnn.sbatch", *map(str, [*FAULT_JOB, "--output-dir", out])],
+                          env={**hosts.env(), "LAUNCHER": "srun", **env})
+
+
+def assert_one_line_naming_node4(log):
+    errors = [line for line in log.splitlines() if re.search(r"rank \d+: error:", line)]
+    assert len(errors) == 1 and "rank 0: error:" in errors[0], log
+    assert "ranks 12-15 (all 4 on node4)" in errors[0], log
+    assert "Traceback" not in log and "terminate called" not in log, log
+    return errors[0]
+
+
+def test_a_frozen_node_under_srun_ends_the_job_with_one_line_naming_it(four_node_slurm, four_hosts, tmp_path):
+    """node4's four ranks SIGSTOPped after step 15: rank 0 names them, srun --kill-on-bad-exit
+    ends the step (a stopped task still dies of SIGKILL), the job fails, one line."""
+    job = srun_job(four_node_slurm, four_hosts, tmp_path / "job.out", tmp_path / "run",
+                   {"HVDTRAIN_FAULT": "rank=12-15,step=15,kind=stop", **QUICK_WATCHDOG})
+    try:
+        info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
+    finally:
+        four_hosts.vanish("node4", "train_cnn.py")  # should a stopped rank outlive the job
+    log = (tmp_path / "job.out").read_text(errors="replace")
+    assert info["JobState"] == "FAILED", f"{info}\n{log}"
+    print(f"a frozen node under srun: {assert_one_line_naming_node4(log)}")
+
+
+def test_a_partitioned_node_under_srun_ends_the_job_within_120_s_with_one_line(four_node_slurm, four_hosts,
+                                                                                 tmp_path):
+    """node4's link taken down once the job has checkpointed (its ranks and slurmd alive, their
+    packets lost): rank 0 names node4's ranks, the job's batch step ends within 120 s of the cut.
+    Slurm finishes the job's cleanup on node4 when node4 answers again (or is declared down
+    after SlurmdTimeout): the job shows COMPLETING meanwhile."""
+    out, log = tmp_path / "run", tmp_path / "job.out"
+    job = srun_job(four_node_slurm, four_hosts, log, out, QUICK_WATCHDOG)
+    four_node_slurm.wait_for(job, lambda info: any(out.glob("step-*.pt")) or info.get("JobState") != "RUNNING"
+                             and info.get("JobState") != "PENDING", "checkpointed", JOB_TIMEOUT)
+    assert any(out.glob("step-*.pt")), log.read_text(errors="replace")
+    cut = time.monotonic()
+    four_hosts.link("node4", "down")
+    try:
+        four_node_slurm.wait_for(job, lambda info: info.get("JobState") != "RUNNING", "ended", JOB_TIMEOUT)
+        ended = time.monotonic()
+    finally:
+        four_hosts.link("node4", "up")
+    info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
+    text = log.read_text(errors="replace")
+    assert info["JobState"] == "FAILED", f"{info}\n{text}"
+    assert ended - cut < 120, f"the job ran {ended - cut:.0f} s after the partition\n{text}"
+    line = assert_one_line_naming_node4(text)
+    print(f"a partitioned node under srun: the job ended {ended - cut:.0f} s after the cut: {line}")

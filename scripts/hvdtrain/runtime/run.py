@@ -61,7 +61,11 @@ def add_run_arguments(parser, output_dir, checkpoint_every):
     device.add_argument("--accumulation-steps", "--batches-per-allreduce", dest="accumulation_steps",
                         type=cli.positive_int, default=1,
                         help="backward passes of --batch-size accumulated locally per allreduce and step")
-    device.add_argument("--fp16-allreduce", action="store_true", help="Horovod: send gradients as fp16")
+    device.add_argument("--fp16-allreduce", action=flag, default=None,
+                        help="Horovod: send gradients as fp16 (default: off, or the --horovod-profile's choice)")
+    device.add_argument("--horovod-profile", type=Path, metavar="FILE",
+                        help="Horovod settings from `benchmark.py tune` (fusion threshold, cycle time, "
+                             "compression); also HVDTRAIN_HOROVOD_PROFILE. Variables set in the environment win")
     device.add_argument("--cpu", action="store_true", help="ignore GPUs")
     device.add_argument("--threads", type=cli.positive_int,
                         help="CPU threads per rank (default: cores / ranks on the node)")

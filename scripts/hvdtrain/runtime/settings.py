@@ -31,7 +31,7 @@ ADJUSTABLE = {
 OPERATIONAL = {
     "output_dir", "export_dir", "resume", "data", "init_checkpoint", "threads", "workers",
     "verify_images", "checkpoint_every", "keep_checkpoints", "log_every", "stop_check_every", "stop_after",
-    "horovod_timeline", "horovod_autotune", "horovod_autotune_log", "config", "take_over_lock",
+    "horovod_timeline", "horovod_autotune", "horovod_autotune_log", "horovod_profile", "config", "take_over_lock",
     "scaled_lr",  # follows from lr, world_size and accumulation_steps, which are compared
     "nonfinite_loss", "max_nonfinite_steps",  # what to do should a loss turn NaN, not what is computed
     "elastic_commit_every",
@@ -92,6 +92,7 @@ class RunSettings(Settings):
     horovod_timeline: Optional[str]
     horovod_autotune: bool
     horovod_autotune_log: Optional[str]
+    horovod_profile: Optional[str]  # runtime/horovod_profile.py; its effect is in fp16_allreduce and Horovod's variables
     elastic: bool
     elastic_commit_every: int
     world_size: Union[int, str]  # "elastic" under --elastic: it changes while the run goes on

@@ -1,0 +1,114 @@
+"""benchmark.py tune: the Horovod settings that train fastest on your own nodes, found once per cluster.
+
+Launches `benchmark.py train` under horovodrun for every combination of fusion
+threshold, cycle time and gradient compression (and Horovod's own defaults),
+in interleaved rounds as compare does, so that drift hits every combination
+alike; takes each one's median throughput over the rounds and writes the
+fastest as a profile (the defaults, unless it beat them in every round) that
+both trainers read with ``--horovod-profile FILE`` (or
+HVDTRAIN_HOROVOD_PROFILE; runtime/horovod_profile.py):
+
+    python scripts/benchmark.py tune --np 8 --horovodrun-args "-H a:4,b:4" -- --model resnet50
+    horovodrun -np 8 -H a:4,b:4 python scripts/train_cnn.py --horovod-profile runs/tune/horovod-profile.json
+
+Tune with the model, batch size and launch the training will use: the best
+fusion threshold and cycle time follow the gradient sizes, the step time and
+the link.
+"""
+import itertools
+import shlex
+from pathlib import Path
+
+from hvdtrain import cli
+from hvdtrain.bench.record import command_line, summarize, write_json
+from hvdtrain.bench.scaling import add_launch_arguments, launch_train
+from hvdtrain.runtime import horovod_profile
+
+DEFAULTS = "the defaults"  # no Horovod variable set: Horovod's own, and dist.init's under Gloo
+
+
+def add_arguments(modes, script):
+    tune = modes.add_parser("tune", help="sweep fusion threshold, cycle time and compression; write the best "
+                                         "as a profile for --horovod-profile",
+                            epilog="Arguments after -- go to every `benchmark.py train` run (the model, batch).")
+    tune.add_argument("--np", type=cli.positive_int, default=2, help="workers of every run")
+    add_launch_arguments(tune)
+    tune.add_argument("--horovodrun-args", default="",
+                      help="more horovodrun options, e.g. '-H a:4,b:4 --network-interface eth0'")
+    tune.add_argument("--fusion-mb", nargs="+", type=cli.non_negative_int, default=[0, 16, 64, 128],
+                      help="HOROVOD_FUSION_THRESHOLD values in MiB (0: no fusion)")
+    tune.add_argument("--cycle-ms", nargs="+", type=cli.positive_float, default=[1, 2.5, 5, 10],
+                      help="HOROVOD_CYCLE_TIME values in ms")
+    tune.add_argument("--compression", nargs="+", choices=["none", "fp16"], default=["none", "fp16"],
+                      help="gradient compression to try")
+    tune.add_argument("--repeats", type=cli.positive_int, default=2,
+                      help="rounds over every combination, interleaved")
+    tune.add_argument("--output-dir", type=Path, default=Path("runs/tune"),
+                      help="one JSON per run, tune.json and horovod-profile.json")
+    tune.add_argument("--timeout", type=cli.positive_int, default=1800, help="seconds per launch")
+    tune.set_defaults(script=script)
+
+
+def candidates(args):
+    """{name: (fusion MiB or None, cycle ms or None, fp16)}: Horovod's defaults first, then the grid."""
+    found = {DEFAULTS: (None, None, False)}
+    for fusion, cycle, compression in itertools.product(args.fusion_mb, args.cycle_ms, args.compression):
+        found[f"fusion {fusion} MiB, cycle {cycle:g} ms, {compression}"] = (fusion, cycle, compression == "fp16")
+    return found
+
+
+def knob_arguments(fusion, cycle, fp16):
+    return [*(["--fusion-threshold-mb", str(fusion)] if fusion is not None else []),
+            *(["--cycle-time-ms", f"{cycle:g}"] if cycle is not None else []),
+            *(["--fp16-allreduce"] if fp16 else [])]
+
+
+def run(args):
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    grid = candidates(args)
+    rates = {name: [] for name in grid}
+    for repeat in range(args.repeats):
+        for index, (name, knobs) in enumerate(grid.items()):
+            result = launch_train(args, args.np, [*args.train_args, *knob_arguments(*knobs)],
+                                  args.output_dir / f"run{index}-{repeat}.json")
+            rates[name].append(result["total"]["median"])
+            unit, environment = result["unit"], result["environment"]
+    rows = [{"name": name, "fusion_mb": grid[name][0], "cycle_ms": grid[name][1], "fp16_allreduce": grid[name][2],
+             "rates": rates[name], "median": summarize(rates[name])["median"]} for name in grid]
+    default = rows[0]["median"]
+    for row in rows:
+        row["of_defaults"] = row["median"] / default
+    best, fastest = choose(rows)
+    tuned_on = {"np": args.np, "controller": args.controller, "horovodrun_args": args.horovodrun_args,
+                "train_args": shlex.join(args.train_args), "unit": unit, "rate": best["median"],
+                "of_defaults": best["of_defaults"], "host": environment["host"], "cpu": environment["cpu"],
+                "date": environment["date"],
+                "command": command_line()}
+    profile = horovod_profile.write(args.output_dir / "horovod-profile.json", best["fusion_mb"], best["cycle_ms"],
+                                    best["fp16_allreduce"], tuned_on)
+    write_json({"mode": "tune", "rows": rows, "best": best["name"], "fastest": fastest["name"],
+                "profile": str(profile), "environment": {**environment, "command": command_line()}},
+               args.output_dir / "tune.json")
+    report(rows, best, unit)
+    if best is not fastest:
+        print(f"the fastest, {fastest['name']}, did not beat the defaults in every round "
+              f"({fastest['rates']} against {rows[0]['rates']} {unit}): within the noise, the profile keeps "
+              f"{DEFAULTS}", flush=True)
+    print(f"wrote {profile} (read by the trainers' --horovod-profile) and {args.output_dir / 'tune.json'}",
+          flush=True)
+
+
+def choose(rows):
+    """(the settings to write, the fastest by median). The fastest is taken only when each of its
+    rounds beat every round of the defaults (rows[0]); else the difference is within this
+    machine's run-to-run noise and the defaults stay."""
+    fastest = max(rows, key=lambda row: row["median"])
+    beats_defaults = min(fastest["rates"]) > max(rows[0]["rates"])
+    return (fastest if beats_defaults else rows[0]), fastest
+
+
+def report(rows, best, unit):
+    print(f"{'':2}{'settings':<40} {unit:>12} {'of defaults':>11}", flush=True)
+    for row in sorted(rows, key=lambda row: -row["median"]):
+        mark = "* " if row is best else "  "
+        print(f"{mark}{row['name']:<40} {row['median']:>12.1f} {row['of_defaults']:>11.3f}", flush=True)
