@@ -154,3 +154,25 @@ def test_a_partitioned_node_under_srun_ends_the_job_within_120_s_with_one_line(f
     assert ended - cut < 120, f"the job ran {ended - cut:.0f} s after the partition\n{text}"
     line = assert_one_line_naming_node4(text)
     print(f"a partitioned node under srun: the job ended {ended - cut:.0f} s after the cut: {line}")
+
+
+def test_a_node_that_vanishes_under_srun_ends_the_job_and_the_last_checkpoint_resumes(four_node_slurm, four_hosts,
+                                                                                     tmp_path):
+    """node4's four ranks SIGKILLed at once once the job has checkpointed: srun names the node's
+    tasks, no rank adds a line of its own beyond rank 0's, and the job submitted again resumes
+    from the last checkpoint."""
+    out = tmp_path / "run"
+    job = srun_job(four_node_slurm, four_hosts, tmp_path / "job.out", out, {})
+    four_node_slurm.wait_for(job, lambda info: any(out.glob("step-*.pt")) or info.get("JobState") not in (
+        "PENDING", "RUNNING", "CONFIGURING"), "checkpointed", JOB_TIMEOUT)
+    four_hosts.vanish("node4", "train_cnn.py")
+    info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
+    log = (tmp_path / "job.out").read_text(errors="replace")
+    assert info["JobState"] == "FAILED", f"{info}\n{log}"
+    assert "node4" in log and len(re.findall(r"rank \d+: error:", log)) <= 1, log
+    assert "Traceback" not in log and "terminate called" not in log, log
+    last = max(int(path.stem.split("-")[1]) for path in out.glob("step-*.pt"))
+    again = srun_job(four_node_slurm, four_hosts, tmp_path / "again.out", out, {})
+    info = four_node_slurm.wait_for_end(again, JOB_TIMEOUT)
+    text = (tmp_path / "again.out").read_text(errors="replace")
+    assert info["JobState"] == "COMPLETED" and f"restored step {last} from {out}" in text, f"{info}\n{text}"

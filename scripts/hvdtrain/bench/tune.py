@@ -4,8 +4,8 @@ Launches `benchmark.py train` under horovodrun for every combination of fusion
 threshold, cycle time and gradient compression (and Horovod's own defaults),
 in interleaved rounds as compare does, so that drift hits every combination
 alike; takes each one's median throughput over the rounds and writes the
-fastest as a profile (the defaults, unless it beat them in every round) that
-both trainers read with ``--horovod-profile FILE`` (or
+fastest as a profile (the defaults, unless it beats them by more than the
+spread between rounds of the same settings) that both trainers read with ``--horovod-profile FILE`` (or
 HVDTRAIN_HOROVOD_PROFILE; runtime/horovod_profile.py):
 
     python scripts/benchmark.py tune --np 8 --horovodrun-args "-H a:4,b:4" -- --model resnet50
@@ -78,7 +78,7 @@ def run(args):
     default = rows[0]["median"]
     for row in rows:
         row["of_defaults"] = row["median"] / default
-    best, fastest = choose(rows)
+    best, fastest, noise = choose(rows)
     tuned_on = {"np": args.np, "controller": args.controller, "horovodrun_args": args.horovodrun_args,
                 "train_args": shlex.join(args.train_args), "unit": unit, "rate": best["median"],
                 "of_defaults": best["of_defaults"], "host": environment["host"], "cpu": environment["cpu"],
@@ -86,25 +86,30 @@ def run(args):
                 "command": command_line()}
     profile = horovod_profile.write(args.output_dir / "horovod-profile.json", best["fusion_mb"], best["cycle_ms"],
                                     best["fp16_allreduce"], tuned_on)
-    write_json({"mode": "tune", "rows": rows, "best": best["name"], "fastest": fastest["name"],
+    write_json({"mode": "tune", "rows": rows, "best": best["name"], "fastest": fastest["name"], "noise": noise,
                 "profile": str(profile), "environment": {**environment, "command": command_line()}},
                args.output_dir / "tune.json")
     report(rows, best, unit)
+    print(f"noise (the median spread between rounds of the same settings): {noise:.1%}"
+          + ("" if args.repeats > 1 else "; one round measures none: use --repeats 2 or more"), flush=True)
     if best is not fastest:
-        print(f"the fastest, {fastest['name']}, did not beat the defaults in every round "
-              f"({fastest['rates']} against {rows[0]['rates']} {unit}): within the noise, the profile keeps "
-              f"{DEFAULTS}", flush=True)
+        print(f"the fastest, {fastest['name']}, is {fastest['of_defaults'] - 1:.1%} above the defaults: within "
+              f"the noise, so the profile keeps {DEFAULTS}", flush=True)
     print(f"wrote {profile} (read by the trainers' --horovod-profile) and {args.output_dir / 'tune.json'}",
           flush=True)
 
 
 def choose(rows):
-    """(the settings to write, the fastest by median). The fastest is taken only when each of its
-    rounds beat every round of the defaults (rows[0]); else the difference is within this
-    machine's run-to-run noise and the defaults stay."""
+    """(the settings to write, the fastest by median, the noise). The noise is the typical
+    spread between rounds of the same settings: the median over the rows of (max - min) /
+    median. The fastest is taken only when it beats the defaults (rows[0]) by more than that;
+    a smaller gain is this machine's run-to-run variation, and the defaults stay. With one
+    round there is no spread to measure: the fastest is taken."""
     fastest = max(rows, key=lambda row: row["median"])
-    beats_defaults = min(fastest["rates"]) > max(rows[0]["rates"])
-    return (fastest if beats_defaults else rows[0]), fastest
+    spreads = [(max(row["rates"]) - min(row["rates"])) / row["median"] for row in rows if len(row["rates"]) > 1]
+    noise = summarize(spreads)["median"] if spreads else 0.0
+    gain = fastest["median"] / rows[0]["median"] - 1
+    return (fastest if gain > noise else rows[0]), fastest, noise
 
 
 def report(rows, best, unit):

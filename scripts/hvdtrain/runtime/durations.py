@@ -1,7 +1,7 @@
 """How long this rank spent in the run's collective moments: results.json "durations".
 
 What grows with the number of ranks shows here rather than in the step time:
-the rank agreement check (one allgather of every rank's settings), each
+the rank agreement check (one allgather of a 32-byte digest per rank), each
 checkpoint's per-rank gather and write, restores, elastic resets. One set per
 process; the watchdog's phases add to it (runtime/watchdog.py), the other
 moments use ``timed``. tools/scale_study.py reads rank 0's at 1 to 32 ranks
@@ -10,7 +10,7 @@ moments use ``timed``. tools/scale_study.py reads rank 0's at 1 to 32 ranks
 import contextlib
 import time
 
-_seen = {}  # name -> [count, total seconds, longest]
+_seen = {}  # name -> (count, total seconds, longest)
 
 
 @contextlib.contextmanager
