@@ -207,6 +207,10 @@ def test_tune_launches_every_combination_and_writes_the_fastest_beyond_the_noise
                 "HOROVOD_FUSION_THRESHOLD": str(row["fusion_mb"] * 2**20), "HOROVOD_CYCLE_TIME": "2.5"}
             assert {name: knobs.get(name) for name in expected} == expected, knobs
         assert len(row["rates"]) == 2 and row["of_defaults"] == row["median"] / rows[0]["median"]
+    written = lambda name: (out / name).stat().st_mtime_ns  # noqa: E731
+    # an uncounted warm-up launch first; the second round starts in the middle of the grid
+    assert written("warmup.json") < written("run0-0.json") < written("run2-0.json") < written("run1-1.json")
+    assert written("run1-1.json") < written("run2-1.json") < written("run0-1.json")
     fastest = max(rows, key=lambda row: row["median"])
     spreads = sorted((max(row["rates"]) - min(row["rates"])) / row["median"] for row in rows)
     assert data["noise"] == pytest.approx(spreads[1])  # the median of three

@@ -2,8 +2,9 @@
 
 Launches `benchmark.py train` under horovodrun for every combination of fusion
 threshold, cycle time and gradient compression (and Horovod's own defaults),
-in interleaved rounds as compare does, so that drift hits every combination
-alike; takes each one's median throughput over the rounds and writes the
+after one uncounted warm-up launch, in interleaved rounds as compare does, each
+round starting at another place in the grid, so that drift hits every
+combination alike; takes each one's median throughput over the rounds and writes the
 fastest as a profile (the defaults, unless it beats them by more than the
 spread between rounds of the same settings) that both trainers read with ``--horovod-profile FILE`` (or
 HVDTRAIN_HOROVOD_PROFILE; runtime/horovod_profile.py):
@@ -66,10 +67,17 @@ def knob_arguments(fusion, cycle, fp16):
 def run(args):
     args.output_dir.mkdir(parents=True, exist_ok=True)
     grid = candidates(args)
+    names = list(grid)
     rates = {name: [] for name in grid}
+    # One launch first, not counted: the first of a series is slower (files not yet cached,
+    # a machine settling), and whichever settings came first would pay for it.
+    launch_train(args, args.np, args.train_args, args.output_dir / "warmup.json")
     for repeat in range(args.repeats):
-        for index, (name, knobs) in enumerate(grid.items()):
-            result = launch_train(args, args.np, [*args.train_args, *knob_arguments(*knobs)],
+        # Each round starts elsewhere in the grid, so that no settings always run first or last.
+        start = repeat * len(names) // args.repeats
+        for index in [*range(start, len(names)), *range(start)]:
+            name = names[index]
+            result = launch_train(args, args.np, [*args.train_args, *knob_arguments(*grid[name])],
                                   args.output_dir / f"run{index}-{repeat}.json")
             rates[name].append(result["total"]["median"])
             unit, environment = result["unit"], result["environment"]
