@@ -13,7 +13,7 @@ from support.launch import REPO, SCRIPTS, python
 
 SCRIPT_NAMES = ["train_cnn.py", "prepare_bert_data.py", "pretrain_bert.py", "make_hostfile.py",
                 "discover_hosts.py", "benchmark.py", "benchmark.py train", "benchmark.py allreduce",
-                "benchmark.py scaling", "benchmark.py compare", "benchmark.py timeline",
+                "benchmark.py scaling", "benchmark.py compare", "benchmark.py tune", "benchmark.py timeline",
                 "benchmark.py predict"]
 DEFAULT = re.compile(r"\(default:")
 
@@ -99,7 +99,8 @@ OTHER_PROGRAMS = {
                    "--timeline-filename"},
     "mpirun": {"--bind-to", "--mca", "--oversubscribe"},
     "sbatch, srun, scancel": {"--nodes", "--ntasks-per-node", "--gpus-per-node", "--gpus-per-task",
-                              "--cpus-per-task", "--signal", "--requeue", "--dependency", "--batch", "--mpi"},
+                              "--cpus-per-task", "--signal", "--requeue", "--dependency", "--batch", "--mpi",
+                              "--kill-on-bad-exit"},
     "pip, venv": {"--no-binary", "--no-deps", "--no-build-isolation", "--system-site-packages"},
     "curl": {"--max-time"},
     "scripts/setup/setup.sh": {"--dry-run"},
