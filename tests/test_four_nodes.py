@@ -63,18 +63,11 @@ def test_mpirun_16_ranks_on_four_hosts_equal_one_worker(sixteen_under_mpirun, on
     assert_placed_four_per_host(sixteen_under_mpirun)
 
 
-def test_horovodrun_16_ranks_on_four_hosts_equal_one_worker(four_hosts, one_worker, tmp_path):
+@pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun --mpi"])
+def test_horovodrun_16_ranks_on_four_hosts_equal_one_worker(four_hosts, one_worker, launcher, tmp_path):
     out = tmp_path / "run"
-    trained(on_four_hosts(four_hosts, tmp_path, "horovodrun", [*SIXTEEN_BY_4, "--max-steps", STEPS,
-                                                                "--output-dir", out]), out)
-    assert_same_weights_as(out, one_worker, (10, STEPS))
-    assert_placed_four_per_host(out)
-
-
-def test_horovodrun_mpi_16_ranks_on_four_hosts_equal_one_worker(four_hosts, one_worker, tmp_path):
-    out = tmp_path / "run"
-    trained(on_four_hosts(four_hosts, tmp_path, "horovodrun --mpi", [*SIXTEEN_BY_4, "--max-steps", STEPS,
-                                                                      "--output-dir", out]), out)
+    trained(on_four_hosts(four_hosts, tmp_path, launcher, [*SIXTEEN_BY_4, "--max-steps", STEPS,
+                                                            "--output-dir", out]), out)
     assert_same_weights_as(out, one_worker, (10, STEPS))
     assert_placed_four_per_host(out)
 
