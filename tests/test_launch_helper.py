@@ -1,6 +1,7 @@
 """The helpers every launcher test relies on: timeouts kill the whole group; a
 whole-machine test runs alone."""
 import os
+import sys
 import threading
 import time
 
@@ -30,6 +31,28 @@ def test_timeout_kills_every_process_in_the_group(tmp_path):
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child), "the background child outlived the timeout"
+
+
+def test_timeout_also_kills_a_child_that_left_the_group_and_holds_the_output(tmp_path):
+    """Open MPI starts each ssh to a remote host in a process group of its own; one that
+    outlives mpirun (its host cut off) held the launch's output open, and the helper waited
+    for the end of that output forever after killing the group (seen in CI: the suite hung
+    in the two-host partition test). It belongs to the launch's session: that is killed too."""
+    pid_file = tmp_path / "child.pid"
+    holder = (f"import os, subprocess, time; child = subprocess.Popen(['sleep', '300'], process_group=0); "
+              f"open({str(pid_file)!r}, 'w').write(str(child.pid)); print('started', flush=True); time.sleep(300)")
+    finished = {}
+    worker = threading.Thread(target=lambda: finished.update(run=launch([sys.executable, "-c", holder], timeout=3)),
+                              daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert "run" in finished, "the launch helper still waits 60 s after its 3 s timeout"
+    assert finished["run"].timed_out and "started" in finished["run"].output
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
 
 
 def test_output_and_exit_status_come_back():

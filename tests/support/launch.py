@@ -88,12 +88,18 @@ def launch(command, timeout, env=None, cwd=REPO, input_text=None):
         output, _ = process.communicate(input=input_text, timeout=timeout)
         return Launched(command, process.returncode, output, timed_out=False)
     except subprocess.TimeoutExpired:
-        kill_group(process.pid)
-        output, _ = process.communicate()
-        return Launched(command, process.returncode, output, timed_out=True)
+        kill_session(process.pid)
+        try:
+            output, _ = process.communicate(timeout=OUTPUT_GRACE_SECONDS)
+        except subprocess.TimeoutExpired as still:  # held open from outside the session (setsid)
+            output = _text(still.output) + f"\n[output still open {OUTPUT_GRACE_SECONDS} s after the kill]\n"
+        return Launched(command, process.poll(), output, timed_out=True)
     finally:
         # A launcher that exited may leave orphaned ranks behind in its group.
-        kill_group(process.pid)
+        kill_session(process.pid)
+
+
+OUTPUT_GRACE_SECONDS = 30
 
 
 def kill_group(pgid):
@@ -101,6 +107,27 @@ def kill_group(pgid):
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def kill_session(sid):
+    """SIGKILL the launch's process group and every other process of its session: Open MPI
+    starts each ssh to a remote host in a process group of its own, and one that outlives
+    mpirun (its host cut off) would hold the launch's output open."""
+    kill_group(sid)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                session = int(stat.read().rsplit(")", 1)[1].split()[3])  # field 6 of /proc/PID/stat
+            if session == sid:
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass  # gone meanwhile
+
+
+def _text(data):
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
 def horovodrun(np, script_args, timeout, transport="gloo", env=None, extra=()):

@@ -34,6 +34,7 @@ import time
 import horovod.torch as hvd
 
 from hvdtrain.launch.hosts import this_host
+from hvdtrain.runtime import teardown
 
 BEAT_SECONDS = 2.0
 SILENT_SECONDS = 10.0  # not heard for this long: frozen, dead or cut off
@@ -140,6 +141,8 @@ class Peers:
         if self.silent_ranks(LOST_AFTER_SECONDS):
             time.sleep(BEAT_SECONDS)  # the others lost with the first (a node's ranks) fall silent too
         silent = self.silent_ranks(LOST_AFTER_SECONDS)
+        if silent:  # a lost node, as after the watchdog's line: its launcher may never end the job
+            teardown.end_a_stuck_launcher()
         return f"lost {self.describe(silent)}" if silent else ""
 
     def announce_reported(self):
