@@ -8,11 +8,12 @@ MPI, the worst case) and one run proves that a long legitimate phase is no hang.
 """
 import json
 import math
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from support.fault_cells import FAULTS, LAUNCHERS, LIMITS, TRAIN, run_cell
+from support.fault_cells import EVALUATION, FAULTS, LAUNCHERS, LIMITS, TRAIN, run_cell
 from support.launch import horovodrun, python
 from support.needs import require_module, require_program
 
@@ -32,10 +33,13 @@ def matrix(slurm_cluster, tmp_path_factory):
     cells = [(fault, launcher, FAST) for fault in FAULTS for launcher in LAUNCHERS]
     cells.insert(0, ("stop", "horovodrun --mpi", None))  # the defaults: the longest, so first
     cells.insert(1, "slow checkpoint")
+    cells.insert(2, "frozen in an evaluation")
 
     def one(cell):
         if cell == "slow checkpoint":
             return cell, (slow_checkpoint_run(root / "slow-checkpoint"), root / "slow-checkpoint")
+        if cell == "frozen in an evaluation":
+            return cell, run_cell("stop", "mpirun", root / "stop-in-evaluation", FAST, where=EVALUATION)
         fault, launcher, env = cell
         name = f"{fault}-{launcher.replace(' --', '-')}{'-default' if env is None else ''}"
         return (fault, launcher, env is None), run_cell(fault, launcher, root / name, env, slurm_cluster)
@@ -81,6 +85,22 @@ def test_a_checkpoint_write_longer_than_the_step_limit_is_no_hang(matrix):
     assert (out / "step-000000010.pt").is_file()
 
 
+def test_a_rank_frozen_in_an_evaluation_ends_the_job_after_the_step_limit_not_the_phases(matrix):
+    """Rank 1 stops as it enters the first evaluation; rank 0 waits there in a collective.
+    An evaluation may legitimately take the phase limit (30 min), but a rank the heartbeat
+    no longer hears will not join: the step limit ends the job (a node cut off mid-evaluation
+    held an srun job for the phase limit before)."""
+    cell = matrix["frozen in an evaluation"]
+    assert not cell.timed_out and cell.returncode not in (0, None), cell.describe()
+    assert cell.seconds_after_fault < LIMITS["stop"], cell.describe()
+    lines = [line for line in cell.output.splitlines() if ": error: " in line]
+    assert len(lines) == 1, cell.describe()
+    assert re.search(r"rank 0: error: evaluating for \d+ s after step 44: waiting in a collective for ranks "
+                     r"that will not join; not heard from rank 1 \(1 of 2 on \S+\)", lines[0]), cell.describe()
+    assert "limit 10 s: HVDTRAIN_WATCHDOG_FLOOR_SECONDS=10" in lines[0], cell.describe()
+    assert not cell.wall(), cell.describe()
+
+
 # ---------------------------------------------------------------- the parts, without a launch
 def test_the_limit_adapts_to_the_slowest_recent_step_with_a_floor():
     from hvdtrain.runtime.watchdog import Watchdog
@@ -102,6 +122,7 @@ def test_fault_spec_errors_are_one_line():
     from hvdtrain import cli
     from hvdtrain.runtime import faults
     assert faults.parse("rank=1,step=20,kind=stop") == faults.Fault(1, 20, "stop")
+    assert faults.parse("rank=1,step=44,kind=kill,phase=writing a checkpoint").phase == "writing a checkpoint"
     for bad in ("rank=1,kind=nap", "step=3,kind=stop", "rank=1,kind=stop,when=now"):
         with pytest.raises(cli.UsageError, match="HVDTRAIN_FAULT"):
             faults.parse(bad)

@@ -60,3 +60,26 @@ def test_the_job_speaks_through_rank_0_else_its_deputy_else_each_rank_itself(nee
     assert deputy.who_is_silent().startswith("not heard from ranks 0-3 (all 4 on a) for 11 s")
     rank_9.reported.set()  # the speaker's line is out: a failed collective adds none
     assert rank_9.on_peer_failure() is None
+
+
+def test_a_rank_is_lost_for_a_time_only_where_the_heartbeat_was_heard(need_horovod):
+    """Peers.lost_for, which cuts a long phase short (runtime/watchdog.py): the speaking
+    listener judges by the ranks it heard; another rank only once it heard the listeners and
+    no longer does; never under the heartbeat's 10 s resolution."""
+    from hvdtrain.runtime import peers
+
+    hosts = ["a"] * 4 + ["b"] * 4
+    now = time.monotonic()
+    rank_0 = peers.Peers(0, hosts, listeners={})
+    rank_0.heard = {rank: now for rank in range(1, 8)}
+    assert not rank_0.lost_for(20)
+    rank_0.heard[6] = now - 12
+    assert rank_0.lost_for(5) and not rank_0.lost_for(20)  # 5 s: judged at 10 s
+    assert peers.judged_limit(5) == 10 and peers.judged_limit(20) == 20
+    rank_6 = peers.Peers(6, hosts, listeners={})
+    rank_6.answered = {0: now - 30, 4: now - 30}
+    assert not rank_6.lost_for(20)  # never heard either (a firewall): nobody is known lost
+    rank_6.answered_once = {0, 4}
+    assert rank_6.lost_for(20)
+    rank_6.answered[4] = now
+    assert not rank_6.lost_for(20)  # the deputy is heard: it judges, and speaks

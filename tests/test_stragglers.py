@@ -110,9 +110,12 @@ def test_a_throttled_rank_is_named_with_its_host_in_the_log_and_the_tables(tmp_p
         run.describe()
     intervals = [json.loads(line) for line in (out / "stragglers.jsonl").read_text().splitlines()]
     assert len(intervals) >= 3 and [i["step"] for i in intervals] == sorted(i["step"] for i in intervals)
-    last = intervals[-1]["ranks"]
-    assert last[1]["relative"]["busy"] < 0.8 <= last[0]["relative"]["busy"], intervals[-1]
-    assert last[0]["waiting"] > last[1]["waiting"], intervals[-1]  # rank 0 waits for rank 1
+    # Over the whole run, not one interval: a CPU quota stalls the throttled rank in bursts, and
+    # a burst may land inside an allreduce, where it counts as that interval's waiting.
+    busy = [sum(i["ranks"][rank]["relative"]["busy"] for i in intervals) / len(intervals) for rank in (0, 1)]
+    waiting = [sum(i["ranks"][rank]["waiting"] for i in intervals) for rank in (0, 1)]
+    assert busy[1] < 0.8 <= busy[0], intervals
+    assert waiting[0] > waiting[1], intervals  # rank 0 waits for rank 1
     results = json.loads((out / "results.json").read_text())
     assert [row["rank"] for row in results["ranks"]["ranks"]] == [0, 1]
 

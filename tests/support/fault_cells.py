@@ -19,6 +19,7 @@ LAUNCHERS = ("horovodrun --gloo", "horovodrun --mpi", "mpirun", "srun")
 # The issue's limits: a hang within 120 s, a dead rank or an exception within 60 s.
 LIMITS = {"stop": 120, "deadlock": 120, "kill": 60, "raise": 60}
 FAULT_STEP = 20  # in the first epoch (44 steps of 2 x 16 digits)
+EVALUATION = "step=44,phase=evaluating"  # as rank 1 enters the first epoch's evaluation
 TRAIN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--image-size", "8", "--epochs", "3"]
 LAUNCH_TIMEOUT = 300
 
@@ -65,14 +66,15 @@ def _untagged(line):
     return re.sub(r"^\[(?:\d+,)?\d+\]<std(?:out|err)>:", "", line).strip()
 
 
-def fault_env(fault, extra=None):
-    return {"HVDTRAIN_FAULT": f"rank=1,step={FAULT_STEP},kind={fault}", **(extra or {})}
+def fault_env(fault, extra=None, where=None):
+    return {"HVDTRAIN_FAULT": f"rank=1,{where or f'step={FAULT_STEP}'},kind={fault}", **(extra or {})}
 
 
-def run_cell(fault, launcher, out_dir, env=None, cluster=None):
-    """One launch of the trainer with ``fault`` on rank 1; returns its Cell."""
+def run_cell(fault, launcher, out_dir, env=None, cluster=None, where=None):
+    """One launch of the trainer with ``fault`` on rank 1 (after FAULT_STEP, or ``where``
+    says: EVALUATION); returns its Cell."""
     args = [*TRAIN, "--output-dir", out_dir, "--no-resume"]
-    env = fault_env(fault, env)
+    env = fault_env(fault, env, where)
     started = time.time()
     if launcher == "srun":  # the sbatch file names the script itself
         returncode, output, timed_out = _slurm_job(cluster, args[1:], env, out_dir)

@@ -12,6 +12,10 @@ and that rank (or each of ``rank=12-15``: a whole node), right after finishing t
   slow-checkpoint  sleep ``seconds`` (default 30) inside the checkpoint write of
             that step: a legitimate long phase, which must not be killed.
 
+With ``phase=NAME`` the fault happens instead as that rank enters the watchdog
+phase NAME after that step (``rank=1,step=44,kind=stop,phase=evaluating``): a
+node lost in the middle of an evaluation or a checkpoint write.
+
 What a job prints when a rank fails this way is ``hvdtrain.errors.report``'s one line.
 """
 import os
@@ -34,6 +38,7 @@ class Fault:
     kind: str
     seconds: float = 30.0
     last_rank: int = None  # rank=12-15: ranks 12 to 15
+    phase: str = None  # phase=evaluating: as the rank enters that watchdog phase, not after the step
 
     def applies_to(self, rank):
         return self.rank <= rank <= (self.rank if self.last_rank is None else self.last_rank)
@@ -48,9 +53,10 @@ def parse(text):
     try:
         first, _, last = fields.pop("rank").partition("-")
         fault = Fault(int(first), int(fields.pop("step", 1)), fields.pop("kind"),
-                      float(fields.pop("seconds", 30)), int(last) if last else None)
+                      float(fields.pop("seconds", 30)), int(last) if last else None, fields.pop("phase", None))
     except (KeyError, ValueError):
-        raise UsageError(f"{FAULT_ENV}={text!r}: expected rank=R[-R2],step=N,kind=K[,seconds=S]") from None
+        raise UsageError(f"{FAULT_ENV}={text!r}: expected "
+                         "rank=R[-R2],step=N,kind=K[,seconds=S][,phase=NAME]") from None
     if fault.kind not in KINDS or fields:
         raise UsageError(f"{FAULT_ENV}={text!r}: kind must be one of {', '.join(KINDS)}; "
                          f"unknown keys: {', '.join(fields) or 'none'}")
@@ -72,7 +78,19 @@ def planned():
 def at_step(rank, step):
     """Called after every training step: inject the planned fault there."""
     fault = planned()
-    if not fault or fault.kind == "slow-checkpoint" or not fault.applies_to(rank) or fault.step != step:
+    if fault and not fault.phase and fault.kind != "slow-checkpoint":
+        _inject(fault, rank, step)
+
+
+def in_phase(rank, step, name):
+    """Called as a rank enters a watchdog phase: inject the fault planned there."""
+    fault = planned()
+    if fault and fault.phase == name and fault.kind != "slow-checkpoint":
+        _inject(fault, rank, step)
+
+
+def _inject(fault, rank, step):
+    if not fault.applies_to(rank) or fault.step != step:
         return
     # The wall-clock time lets the fault matrix measure how long the job took to end.
     print(f"rank {rank}: injecting fault {fault.kind} after step {step} at {time.time():.3f} ({FAULT_ENV})",

@@ -60,6 +60,7 @@ class Peers:
         self.heard = {}  # a listener: rank -> when it was last heard from
         self.senders = {}  # a listener: rank -> the address its heartbeats come from
         self.answered = {listener: self.started for listener in listeners}  # listener -> when it last answered
+        self.answered_once = set()  # listeners that answered at least once (a firewall may drop every beat)
         self.reported = threading.Event()  # a listener has printed the job's line
         if listening is not None:
             threading.Thread(target=self._listen, name="hvdtrain-heartbeat-listen", daemon=True).start()
@@ -84,6 +85,18 @@ class Peers:
             if listener is not None and self.hears(listener, seconds):
                 return listener
         return self.rank
+
+    def lost_for(self, seconds):
+        """Has this rank lost ranks for ``seconds`` (never under SILENT_SECONDS, the heartbeat's
+        resolution: see ``judged_limit``)? The speaking listener: ranks it heard are silent that
+        long. Any other rank: it heard rank 0 and the deputy once and now hears neither.
+        Never where the heartbeat was never heard: nobody is known lost."""
+        seconds = judged_limit(seconds)
+        if self.speaker(seconds) != self.rank:
+            return False  # a listener is heard: it judges, and speaks
+        if self.listens:
+            return bool(self.silent_ranks(seconds))
+        return bool(self.answered_once)
 
     def silent_ranks(self, seconds=SILENT_SECONDS):
         """A listener: {rank: seconds since it was last heard} of those silent for over ``seconds``.
@@ -197,6 +210,13 @@ class Peers:
                     self.reported.set()
                 elif answer.isdigit() and int(answer) in self.answered:
                     self.answered[int(answer)] = time.monotonic()
+                    self.answered_once.add(int(answer))
+
+
+def judged_limit(seconds):
+    """The shortest time after which the heartbeat can call a rank lost: ``seconds``, or
+    SILENT_SECONDS where that is shorter (a beat every 2 s, datagrams may be lost)."""
+    return max(seconds, SILENT_SECONDS)
 
 
 def deputy_of(hosts):

@@ -163,10 +163,11 @@ class Run:
             if self.log is not None:
                 self.log.close()
             # A new rank 0 (or a worker that joined) writes the log from the committed step on.
-            self.log = RunLog(ctx, self.settings.output_dir, self.total_steps, resumed_step=self.state.step)
+            self.log = RunLog(ctx, self.settings.output_dir, self.total_steps, resumed_step=self.state.step,
+                              resumed_epoch=self.state.epoch)
         elif ctx.is_main:
             # Rows of steps after the commit are written again when those steps are redone.
-            self.log.drop_rows_after(self.state.step)
+            self.log.drop_rows_after(self.state.step, self.state.epoch)
 
     def start(self):
         """Lock --output-dir, restore from it (or clear it), then open the log; collective."""
@@ -190,7 +191,8 @@ class Run:
         else:
             # Horovod: every rank starts from rank 0's weights (the optimizer state is still empty).
             hvd.broadcast_parameters(self.checkpointer.shared["model"].state_dict(), root_rank=0)
-        self.log = RunLog(self.ctx, self.settings.output_dir, self.total_steps, resumed_step=self.state.step)
+        self.log = RunLog(self.ctx, self.settings.output_dir, self.total_steps, resumed_step=self.state.step,
+                          resumed_epoch=self.state.epoch)
         return restored
 
     def _lock_output_dir(self):

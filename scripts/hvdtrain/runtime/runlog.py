@@ -16,7 +16,7 @@ except ImportError:  # tqdm is in requirements.txt; plain lines without it
 class RunLog:
     """Everything a run writes for people. A no-op on ranks other than 0."""
 
-    def __init__(self, ctx, output_dir, total_steps=None, tensorboard=True, resumed_step=0):
+    def __init__(self, ctx, output_dir, total_steps=None, tensorboard=True, resumed_step=0, resumed_epoch=0):
         self.enabled = ctx.is_main
         self.output_dir = Path(output_dir)
         self.bar = None
@@ -30,7 +30,7 @@ class RunLog:
         self.metrics_path = self.output_dir / "metrics.jsonl"
         self.ranks_path = self.output_dir / "stragglers.jsonl"  # timings: they differ from run to run
         if resumed_step:
-            self.drop_rows_after(resumed_step)
+            self.drop_rows_after(resumed_step, resumed_epoch)
         if tqdm is not None and sys.stderr.isatty():
             self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
         elif total_steps:
@@ -76,10 +76,11 @@ class RunLog:
                     self.writer.add_scalar(key, value, step)
             self.writer.flush()
 
-    def drop_rows_after(self, step):
-        """Rows of steps after ``step`` (a resume, an --elastic reset): they are written again."""
-        drop_rows_after(self.metrics_path, step)
-        drop_rows_after(self.ranks_path, step)
+    def drop_rows_after(self, step, epoch):
+        """Rows written after the state at ``step`` in ``epoch`` (a resume, an --elastic reset):
+        they are written again."""
+        drop_rows_after(self.metrics_path, step, epoch)
+        drop_rows_after(self.ranks_path, step, epoch)
 
     def record_ranks(self, interval):
         """Append an interval's per-rank timing table to stragglers.jsonl, its extremes to TensorBoard."""
@@ -160,20 +161,29 @@ def duration(seconds):
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
-def drop_rows_after(path, step):
-    """Keep the metrics.jsonl rows up to ``step`` (the checkpoint a run resumes from).
+def drop_rows_after(path, step, epoch):
+    """Keep the rows written before the state a run resumes from: its ``step`` and ``epoch``.
 
     Rows written after the last checkpoint, before a crash, are computed again
-    by the resumed run; keeping them would duplicate those steps.
+    by the resumed run; keeping them would duplicate those steps. The step alone
+    does not tell: an --elastic commit can fall on an epoch's last step, before
+    that epoch's end writes its row (same step, one epoch more), and a reset to
+    that commit ends the epoch again. Rows before the state have an epoch no
+    greater than the state's (the CNN's row counts the epochs done, BERT's the
+    epoch in progress); rows without one (the straggler table) go by the step.
     """
     if not path.is_file():
         return
     lines = path.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    kept = [line for line in lines if line.strip() and _before(json.loads(line), step, epoch)]
     if len(kept) != len(lines):
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(kept))
         os.replace(tmp, path)
+
+
+def _before(row, step, epoch):
+    return row["step"] <= step and row.get("epoch", epoch) <= epoch
 
 
 def _tensorboard_writer(directory, resumed_step=0):

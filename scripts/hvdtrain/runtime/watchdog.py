@@ -13,7 +13,8 @@ import time
 import traceback
 
 from hvdtrain.errors import WATCHDOG_EXIT, UsageError
-from hvdtrain.runtime import durations, teardown
+from hvdtrain.runtime import durations, faults, teardown
+from hvdtrain.runtime.peers import judged_limit
 
 # A rank that freezes (alive but silent) would otherwise hang the job forever:
 # Horovod's stall check only warns unless a shutdown time is set, and with the
@@ -51,7 +52,9 @@ class Watchdog:
     slowest recent step). Long legitimate phases (a checkpoint write, loading
     shards, an evaluation, an export) run inside ``with watchdog.phase("what"):``
     on every rank: there the limit is ``phase_timeout``, and so it is before the
-    first step of this launch (which may compile).
+    first step of this launch (which may compile). A rank that waits there in a
+    collective for ranks the heartbeat no longer hears (a node frozen, dead or
+    cut off during an evaluation) is no legitimate phase: it gets the step limit.
     """
 
     def __init__(self, rank, fixed=None, floor=DEFAULT_FLOOR_SECONDS, phase_timeout=DEFAULT_PHASE_SECONDS,
@@ -87,6 +90,7 @@ class Watchdog:
         self.beat()
         try:
             with durations.timed(name):
+                faults.in_phase(self.rank, self.step_number, name)  # test-only (HVDTRAIN_FAULT)
                 yield
         finally:
             self.current_phase = outer
@@ -96,10 +100,14 @@ class Watchdog:
         """(seconds, what set them) for the current moment."""
         if self.current_phase:
             return self.phase_timeout, f"{PHASE_ENV}={self.phase_timeout:g}"
+        if self.step_number is None and not self.fixed:
+            return self.phase_timeout, f"before the first step, {PHASE_ENV}={self.phase_timeout:g}"
+        return self.step_limit()
+
+    def step_limit(self):
+        """(seconds, what set them) between two training steps."""
         if self.fixed:
             return self.fixed, f"{WATCHDOG_ENV}={self.fixed:g}"
-        if self.step_number is None:
-            return self.phase_timeout, f"before the first step, {PHASE_ENV}={self.phase_timeout:g}"
         slowest = max(self.recent, default=0.0)
         if STEP_FACTOR * slowest > self.floor:
             return STEP_FACTOR * slowest, f"{STEP_FACTOR} x the slowest recent step, {slowest:.1f} s"
@@ -116,10 +124,13 @@ class Watchdog:
                 frozen = overslept
             silent = time.monotonic() - self.last_beat
             limit, why = self.limit()
+            lost = not frozen and silent > self.step_limit()[0] and self._peers_lost()
+            if lost:  # inside a long phase, waiting for ranks that will not come: the step limit
+                limit, why = self._lost_limit()
             if silent <= limit:
                 frozen = 0.0  # progress since: stopped and continued (Ctrl-Z, fg) is no hang
-            elif frozen or silent > limit + WAITING_GRACE_SECONDS or not _main_thread_place()[0]:
-                if not frozen and self._another_rank_speaks():
+            elif frozen or lost or silent > limit + WAITING_GRACE_SECONDS or not _main_thread_place()[0]:
+                if not frozen and self._another_rank_speaks(lost):
                     # One line for the job: rank 0's (or its deputy's, when rank 0's node is the
                     # one lost), naming who is missing; its exit ends this rank through the
                     # launcher. Should the speaker fall silent too, this rank speaks.
@@ -127,7 +138,7 @@ class Watchdog:
                         time.sleep(1.0)
                 if self.peers is not None and (self.rank != 0 or frozen) and self.peers.reported.wait(2.0):
                     os._exit(WATCHDOG_EXIT)  # the speaker has named this rank already
-                print(f"rank {self.rank}: error: {self._cause(silent, frozen)}; aborting "
+                print(f"rank {self.rank}: error: {self._cause(silent, frozen, lost)}; aborting "
                       f"(limit {limit:.0f} s: {why})", file=sys.stderr, flush=True)
                 if self.peers is not None and self.peers.listens:
                     self.peers.announce_reported()
@@ -135,17 +146,35 @@ class Watchdog:
                         teardown.end_a_stuck_launcher()
                 os._exit(WATCHDOG_EXIT)
 
-    def _another_rank_speaks(self):
+    def _peers_lost(self):
+        """Inside a long phase or before the first step: this rank waits in a collective
+        while the heartbeat says ranks are lost for longer than the step limit."""
+        if self.peers is None or not (self.current_phase or self.step_number is None):
+            return False
+        return _main_thread_place()[0] and self.peers.lost_for(self.step_limit()[0])
+
+    def _lost_limit(self):
+        """The step limit, as the heartbeat can judge it (it hears nobody lost sooner)."""
+        seconds, why = self.step_limit()
+        judged = judged_limit(seconds)
+        return (seconds, why) if judged == seconds else (judged, f"{why}, raised to the heartbeat's {judged:g} s")
+
+    def _another_rank_speaks(self, lost=False):
         """True on a rank that waits in a collective while the rank that speaks for the job
         (rank 0, or its deputy) is alive and heard."""
-        if self.peers is None or self.current_phase:
+        if self.peers is None or (self.current_phase and not lost):
             return False
         return _main_thread_place()[0] and self.peers.speaker() != self.rank
 
-    def _cause(self, silent, frozen):
+    def _cause(self, silent, frozen, lost=False):
         if frozen:
             return (f"this process was frozen (stopped) for {frozen:.0f} s "
                     f"{self._when()}, e.g. by SIGSTOP or a stalled node")
+        if lost:
+            missing = self.peers.who_is_silent() if self.peers.listens else ""
+            doing = self.current_phase or "starting"
+            return (f"{doing} for {silent:.0f} s {self._when()}: waiting in a collective for ranks that "
+                    f"will not join" + (f"; {missing}" if missing else ""))
         if self.current_phase:
             return f"{self.current_phase} took more than {silent:.0f} s"
         waiting, place = _main_thread_place()
