@@ -9,7 +9,16 @@
 #   LAUNCHER=srun        srun --mpi=pmix (default): Slurm starts every rank
 #   LAUNCHER=mpirun      Open MPI's mpirun, which reads the allocation itself
 #   LAUNCHER=horovodrun  horovodrun -H <hosts from scontrol show hostnames>
-#   LAUNCHER_ARGS="..."  extra launcher arguments, e.g. "--gloo" for horovodrun
+#   LAUNCHER=horovodrun-elastic
+#                        elastic horovodrun: -np and --max-np $SLURM_NTASKS, --min-np
+#                        $MIN_NP, hosts from `scripts/discover_hosts.py --slurm` (the
+#                        job's nodes that Slurm considers usable now), and --elastic
+#                        passed to the script. Submit with `sbatch --no-kill`: without
+#                        it Slurm ends the whole job when one of its nodes fails
+#   MIN_NP=N             the fewest ranks an elastic job goes on with (default: one
+#                        node's tasks, SLURM_NTASKS_PER_NODE)
+#   LAUNCHER_ARGS="..."  extra launcher arguments, e.g. "--gloo" for horovodrun,
+#                        "--blacklist-cooldown-range 60 600" for horovodrun-elastic
 #   PYTHON=python        the ranks' interpreter (the activated venv's by default)
 #
 # Preemption: the sbatch files ask for `--signal=B:USR1@<seconds>`, so Slurm
@@ -49,8 +58,10 @@ hvd_horovodrun_hosts() {
         --tasks-per-node "${SLURM_TASKS_PER_NODE:-$SLURM_NTASKS_PER_NODE}" --format H
 }
 
-# Sets HVD_LAUNCH, the launcher command line (without the python command).
+# Sets HVD_LAUNCH, the launcher command line (without the python command), and
+# HVD_SCRIPT_ARGS, what the launcher needs the script to be told (before "$@").
 hvd_launch_command() {
+    HVD_SCRIPT_ARGS=()
     case "$LAUNCHER" in
         srun)
             # --kill-on-bad-exit: one failed rank ends the step instead of hanging it.
@@ -63,8 +74,22 @@ hvd_launch_command() {
             local hosts
             hosts=$(hvd_horovodrun_hosts) || hvd_fail "cannot build horovodrun's -H list"
             HVD_LAUNCH=(horovodrun -np "$SLURM_NTASKS" -H "$hosts") ;;
+        horovodrun-elastic)
+            # horovodrun runs the discovery command through a shell: quote its paths.
+            local discover per_node
+            discover="$(printf '%q %q' "$PYTHON" "$HVD_REPO/scripts/discover_hosts.py") --slurm"
+            per_node=${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE%%[(,]*}}
+            HVD_LAUNCH=(horovodrun -np "$SLURM_NTASKS" --min-np "${MIN_NP:-$per_node}"
+                        --max-np "$SLURM_NTASKS" --host-discovery-script "$discover")
+            HVD_SCRIPT_ARGS=(--elastic)
+            # Discovery's memory (its last list, what it last said): a file of this launch's own.
+            if [ -z "${HVD_DISCOVERY_STATE:-}" ]; then
+                HVD_DISCOVERY_STATE=$(mktemp "${TMPDIR:-/tmp}/hvd-discover-$SLURM_JOB_ID.XXXXXX") ||
+                    hvd_fail "cannot create a file in ${TMPDIR:-/tmp} for discover_hosts.py"
+                export HVD_DISCOVERY_STATE HVD_DISCOVERY_STATE_OWNED=1
+            fi ;;
         *)
-            hvd_fail "LAUNCHER=$LAUNCHER: choose srun, mpirun or horovodrun" ;;
+            hvd_fail "LAUNCHER=$LAUNCHER: choose srun, mpirun, horovodrun or horovodrun-elastic" ;;
     esac
     local extra
     read -r -a extra <<< "${LAUNCHER_ARGS:-}"
@@ -184,13 +209,14 @@ hvd_run() {
     rm -f "$HVDTRAIN_STRAGGLER_FILE"
     trap hvd_on_usr1 USR1
     trap hvd_on_term TERM
-    hvd_log "+ ${HVD_LAUNCH[*]} $PYTHON $HVD_SCRIPT $*"
-    "${HVD_LAUNCH[@]}" "$PYTHON" "$HVD_SCRIPT" "$@" &
+    hvd_log "+ ${HVD_LAUNCH[*]} $PYTHON $HVD_SCRIPT ${HVD_SCRIPT_ARGS[*]:+${HVD_SCRIPT_ARGS[*]} }$*"
+    "${HVD_LAUNCH[@]}" "$PYTHON" "$HVD_SCRIPT" "${HVD_SCRIPT_ARGS[@]}" "$@" &
     HVD_LAUNCHER_PID=$!
     hvd_wait_launcher
     local status=$?
     trap - USR1 TERM
     hvd_log "launcher exited with status $status"
+    [ "${HVD_DISCOVERY_STATE_OWNED:-}" = 1 ] && rm -f "$HVD_DISCOVERY_STATE"
 
     # Any status: rank 0 exits 5, but the launcher may report its own (srun 137 after
     # --kill-on-bad-exit, horovodrun 1); rank 0 writes the file after the checkpoint.

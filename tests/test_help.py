@@ -100,7 +100,7 @@ OTHER_PROGRAMS = {
     "mpirun": {"--bind-to", "--mca", "--oversubscribe"},
     "sbatch, srun, scancel": {"--nodes", "--ntasks-per-node", "--gpus-per-node", "--gpus-per-task",
                               "--cpus-per-task", "--signal", "--requeue", "--dependency", "--batch", "--mpi",
-                              "--kill-on-bad-exit"},
+                              "--kill-on-bad-exit", "--no-kill"},
     "pip, venv": {"--no-binary", "--no-deps", "--no-build-isolation", "--system-site-packages"},
     "curl": {"--max-time"},
     "scripts/setup/setup.sh": {"--dry-run"},

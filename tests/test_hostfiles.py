@@ -263,3 +263,76 @@ def test_discover_hosts_errors_are_one_line_exit_2(tmp_path, text, fragment):
     assert run.returncode == 2, run.describe()
     lines = run.output.strip().splitlines()
     assert len(lines) == 1 and "discover_hosts.py: error:" in lines[0] and fragment in lines[0]
+
+
+# ---------------------------------------------------------------- discover_hosts.py --slurm: node states
+# What `sinfo --noheader --Node --all --nodes node[1-6] --format "%N %T"` prints (Slurm 22.05):
+# a node in two partitions is listed twice; '*' marks a node whose slurmd missed a ping.
+SINFO = """\
+node1 mixed
+node2 allocated
+node3 draining
+node4 idle*
+node5 down*
+node5 down*
+node6 drained
+"""
+
+
+def test_parse_node_states_reads_sinfos_node_lines():
+    assert hostlib.parse_node_states(SINFO) == {
+        "node1": "mixed", "node2": "allocated", "node3": "draining", "node4": "idle*", "node5": "down*",
+        "node6": "drained"}
+    with pytest.raises(ValueError, match="unexpected sinfo line"):
+        hostlib.parse_node_states("NODELIST STATE\nnode1 mixed extra\n")
+
+
+@pytest.mark.parametrize("state, reason", [
+    ("mixed", None), ("allocated", None), ("idle", None), ("completing", None), ("mixed$", None),
+    ("reserved", None), ("down", "down"), ("down*", "not responding"), ("allocated*", "not responding"),
+    ("drained", "drained"), ("draining", "draining"), ("drain", "drained"), ("fail", "failing"),
+    ("failing", "failing"), ("idle~", "powered off"), ("powered_down", "powered down"),
+    ("IDLE+DRAIN", "drained"), ("MIXED", None),
+])
+def test_unusable_reason(state, reason):
+    assert hostlib.unusable_reason(state) == reason
+
+
+def test_usable_hosts_leaves_out_what_slurm_calls_unusable_and_what_left_the_job():
+    hosts = hostlib.from_slurm({"SLURM_JOB_NODELIST": "node[1-6],node9", "SLURM_TASKS_PER_NODE": "4(x7)"})
+    kept, left_out = hostlib.usable_hosts(hosts, hostlib.parse_node_states(SINFO))
+    # node9 is not in sinfo's answer: Slurm said nothing against it, it stays.
+    assert [(host.name, host.slots) for host in kept] == [("node1", 4), ("node2", 4), ("node9", 4)]
+    assert left_out == {"node3": "draining: draining", "node4": "idle*: not responding",
+                        "node5": "down*: not responding", "node6": "drained: drained"}
+    # A --no-kill job that lost node2 (back in service now, but no longer the job's).
+    kept, left_out = hostlib.usable_hosts(hosts[:2], {"node1": "mixed", "node2": "idle"}, allocated={"node1"})
+    assert [host.name for host in kept] == ["node1"] and left_out == {"node2": "no longer in the job's allocation"}
+
+
+def test_discover_hosts_slurm_without_slurm_commands_lists_the_allocation_and_says_so_once(tmp_path):
+    """No sinfo on PATH: the whole allocation (never an empty or partial list), one line on
+    stderr the first time, none on the next call (horovodrun calls every second)."""
+    env = {**NO_ALLOCATION, "SLURM_JOB_NODELIST": "gpu[1-2],cpu7", "SLURM_TASKS_PER_NODE": "4(x2),1",
+           "SLURM_JOB_ID": "77", "PATH": str(tmp_path / "no-slurm-here"), "HVD_DISCOVERY_STATE": str(tmp_path / "state")}
+    first = python([DISCOVER, "--slurm"], timeout=30, env=env)
+    assert first.returncode == 0 and first.output.splitlines() == [
+        "discover_hosts.py: cannot ask Slurm for the node states (sinfo not found): listing every node of the "
+        "allocation", "gpu1:4", "gpu2:4", "cpu7:1"], first.describe()
+    again = python([DISCOVER, "--slurm"], timeout=30, env=env)
+    assert again.returncode == 0 and again.output == "gpu1:4\ngpu2:4\ncpu7:1\n", again.describe()
+    bad = python([DISCOVER, "--slurm"], timeout=30, env={**env, "SLURM_TASKS_PER_NODE": "4(x2)"})
+    assert bad.returncode == 2 and bad.output.strip().splitlines() == [
+        "discover_hosts.py: error: SLURM_TASKS_PER_NODE: '4(x2)' gives 2 counts for 3 nodes"], bad.describe()
+
+
+def test_discover_hosts_slurm_falls_back_to_the_last_list_slurm_gave(tmp_path):
+    """Slurm left node4 out on the last call; now sinfo fails: the last list, not node4 again."""
+    state = tmp_path / "state"
+    state.write_text('{"said": "leaving out node4 (idle*: not responding)", "hosts": [["node1", 4], ["node2", 4]]}')
+    env = {**NO_ALLOCATION, "SLURM_JOB_NODELIST": "node[1-4]", "SLURM_TASKS_PER_NODE": "4(x4)",
+           "PATH": str(tmp_path / "no-slurm-here"), "HVD_DISCOVERY_STATE": str(state)}
+    ran = python([DISCOVER, "--slurm"], timeout=30, env=env)
+    assert ran.returncode == 0 and ran.output.splitlines() == [
+        "discover_hosts.py: cannot ask Slurm for the node states (sinfo not found): listing the last list",
+        "node1:4", "node2:4"], ran.describe()

@@ -100,7 +100,7 @@ def test_unknown_launcher_fails_the_job_with_one_line(slurm_cluster, tmp_path):
     info = slurm_cluster.wait_for_end(job, 60)
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0", info
     assert log.read_text().strip().splitlines() == [
-        "train-cnn: error: LAUNCHER=ssh: choose srun, mpirun or horovodrun"]
+        "train-cnn: error: LAUNCHER=ssh: choose srun, mpirun, horovodrun or horovodrun-elastic"]
 
 
 def test_usr1_reaches_every_rank_then_requeue_and_resume_with_every_launcher(

@@ -8,14 +8,20 @@ equals one worker with the same global batch (support/sixteen_ranks.py) and know
 its node (host, local rank and size, threads). The horovodrun job gets USR1 once
 it trains, checkpoints, is requeued and resumes; it ends bit-identical to the
 uninterrupted srun job. --exclusive runs the jobs one at a time: 16 ranks already
-fill this machine's two cores.
+fill this machine's two cores. Then faults that only nodes have: under srun a
+frozen, a partitioned and a vanished node; under LAUNCHER=horovodrun-elastic
+(sbatch --no-kill) node4's slurmd and ranks killed, the job going on at 12.
 """
 import json
 import re
+import sys
 import time
 
 import pytest
 
+from support.commands import CNN, DISCOVER
+from support.hosts import INTERFACE
+from support.launch import launch
 from support.needs import require_module, require_program
 from support.sixteen_ranks import (RANKS, SMALL, assert_placed_four_per_host, assert_same_weights_as, one_worker,
                                    sixteen_by_4)
@@ -27,6 +33,7 @@ pytestmark = pytest.mark.whole_machine  # 16 ranks on 2 cores: the tests beside 
 
 STEPS, CHECKPOINT_EVERY = 60, 20  # long enough that USR1 lands mid-run
 JOB_TIMEOUT = 600  # per job; they run one after another
+POLL = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +183,88 @@ def test_a_node_that_vanishes_under_srun_ends_the_job_and_the_last_checkpoint_re
     info = four_node_slurm.wait_for_end(again, JOB_TIMEOUT)
     text = (tmp_path / "again.out").read_text(errors="replace")
     assert info["JobState"] == "COMPLETED" and f"restored step {last} from {out}" in text, f"{info}\n{text}"
+
+
+# ----------------------------------------------------------------------- elastic: a node lost, the job goes on
+DIGITS_TRAIN = 1438  # digits samples left for training by the fixed validation split
+ELASTIC_EPOCHS = 10
+# Slurm's default SlurmdTimeout (300 s) pings a quiet node every 100 s: node4 would be
+# flagged long after the test should be over. 30 s: a ping every 10 s, node4 flagged
+# not responding (`allocated*`) 20-30 s after its slurmd died (measured), DOWN soon after.
+# Only for this test: the partition test above needs node4 kept up for its 120 s.
+SLURMD_TIMEOUT = 30
+# Horovod lets a blacklisted host in again after this cooldown if discovery lists it: longer
+# than Slurm takes to flag node4 (20 and 28 s measured), so the job stays at 12 only if
+# discovery leaves node4 out; shorter than the job's 12-rank part (it ends about 100 s
+# after the kill), so that a node4 let in again would show.
+COOLDOWN = (50, 60)
+
+
+def test_elastic_job_loses_node4s_slurmd_and_ranks_goes_on_at_12_and_completes(four_node_slurm, four_hosts,
+                                                                                 tmp_path):
+    """`sbatch --no-kill` with LAUNCHER=horovodrun-elastic, 16 ranks: node4 dies in epoch 2 (its
+    slurmd and its four ranks SIGKILLed at once). Horovod blacklists node4 and the 12 ranks of
+    node1-node3 go on from the last commit; Slurm flags node4 not responding, then DOWN, and
+    `discover_hosts.py --slurm` leaves it out, so the cooldown's end does not bring it back.
+    The job completes, exit 0, every epoch training every sample once."""
+    require_module("horovod.torch")
+    require_program("horovodrun", "run `make setup`")
+    out, log = tmp_path / "run", tmp_path / "job.out"
+    four_node_slurm.reconfigure(SlurmdTimeout=SLURMD_TIMEOUT)
+    try:
+        job = four_node_slurm.sbatch(
+            ["--output", log, "--no-kill", "--nodes=4", "--ntasks-per-node=4", "--exclusive", SLURM / "train_cnn.sbatch",
+             *map(str, [*SMALL, "--elastic-commit-every", "5", "--batch-size", "4", "--lr", 0.1 / RANKS,
+                        "--epochs", ELASTIC_EPOCHS,
+                        "--checkpoint-every", "10", "--output-dir", out])],
+            env={**four_hosts.env(), "LAUNCHER": "horovodrun-elastic",
+                 "LAUNCHER_ARGS": f"--network-interface {INTERFACE} --blacklist-cooldown-range {COOLDOWN[0]} {COOLDOWN[1]}"})
+        # 64 samples a step, 23 steps an epoch: a checkpoint at step 30 is in epoch 2.
+        four_node_slurm.wait_for(job, lambda info: (out / "step-000000030.pt").exists() or info.get("JobState") not in (
+            "PENDING", "RUNNING", "CONFIGURING"), "at step 30", JOB_TIMEOUT)
+        assert (out / "step-000000030.pt").exists(), log.read_text(errors="replace")
+        killed = time.monotonic()
+        four_hosts.vanish("node4", "slurmd")
+        four_hosts.vanish("node4", CNN.name)
+        flagged = wait_for_node_state(four_node_slurm, "node4", lambda state: state.endswith("*"), 60)
+        assert flagged - killed < COOLDOWN[0], f"Slurm flagged node4 {flagged - killed:.0f} s after its slurmd died"
+        discovered = discover_in_job(four_node_slurm, job, tmp_path / "discovery-state")
+        info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
+    finally:
+        four_hosts.vanish("node4", CNN.name)
+        four_node_slurm.start_slurmd("node4")
+        four_node_slurm.reconfigure(SlurmdTimeout=None)
+    text = log.read_text(errors="replace")
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text}"
+    assert "launcher horovodrun-elastic" in text and "--host-discovery-script" in text, text
+    assert discovered.output.splitlines()[-3:] == ["node1:4", "node2:4", "node3:4"], discovered.describe()
+    left_out = re.search(r"discover_hosts.py: leaving out node4 \([^)]*\)", text)
+    assert left_out, text  # said once in the job's log, by the discovery horovodrun ran
+    sizes = [int(n) for n in re.findall(r"(\d+) workers? x batch", text)]
+    assert sizes[0] == RANKS and len(sizes) > 1 and set(sizes[1:]) == {RANKS - 4}, (sizes, text)
+    assert json.loads((out / "results.json").read_text())["world_size"] == RANKS - 4
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["epoch"], row["train_samples"]) for row in rows] == [
+        (epoch, DIGITS_TRAIN) for epoch in range(1, ELASTIC_EPOCHS + 1)], rows
+    assert "Traceback" not in text and "terminate called" not in text, text
+    print(f"elastic under Slurm: node4 flagged {flagged - killed:.0f} s after it died; world sizes {sizes}; "
+          f"{left_out[0]}")
+
+
+def wait_for_node_state(cluster, node, done, timeout):
+    """When sinfo's state of ``node`` satisfies ``done`` (time.monotonic())."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if done(cluster.node_state(node)):
+            return time.monotonic()
+        time.sleep(POLL)
+    pytest.fail(f"node {node} still {cluster.node_state(node)!r} after {timeout} s")
+
+
+def discover_in_job(cluster, job, state):
+    """discover_hosts.py --slurm on node1 with the job's allocation, as horovodrun runs it there."""
+    env = cluster.env({"SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "node[1-4]", "SLURM_TASKS_PER_NODE": "4(x4)",
+                       "HVD_DISCOVERY_STATE": str(state)})
+    ran = launch(cluster.on("node1", [sys.executable, DISCOVER, "--slurm"]), timeout=60, env=env)
+    assert ran.returncode == 0, ran.describe()
+    return ran

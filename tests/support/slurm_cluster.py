@@ -275,6 +275,30 @@ class SlurmCluster:
                 stop_process(process)
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def start_slurmd(self, name):
+        """Node ``name``'s slurmd again, if it is not running (a test killed it); waits until
+        Slurm counts the node in service again (ReturnToService=2 brings back a node that
+        was set DOWN for not responding once it registers)."""
+        process = self.processes.get(f"slurmd-{name}")
+        if process is None or process.poll() is not None:
+            self._start_daemon(f"slurmd-{name}", self.on(name, ["slurmd", "-D", "-f", self.conf, "-N", name]))
+        self._wait(lambda: self.node_state(name) in ("idle", "mixed", "allocated"),
+                   f"node {name} to be in service again", 60)
+
+    def node_state(self, name):
+        """sinfo's state of node ``name``: ``idle``, ``mixed``, ``idle*`` (not responding), ``down*``..."""
+        listed = self.run(["sinfo", "--noheader", "--Node", "--nodes", name, "--format", "%T"], check=False)
+        return (listed.stdout.split() or [""])[0]
+
+    def reconfigure(self, **settings):
+        """slurm.conf with each ``Name=value`` of ``settings`` set (None: back to Slurm's default),
+        read again by slurmctld and every slurmd (`scontrol reconfigure`)."""
+        lines = [line for line in self.conf.read_text().splitlines()
+                 if line.split("=", 1)[0] not in settings]
+        lines += [f"{name}={value}" for name, value in settings.items() if value is not None]
+        self.conf.write_text("\n".join(lines) + "\n")
+        self.run(["scontrol", "reconfigure"], timeout=30)
+
     # ---- using the cluster ----------------------------------------------
     def env(self, extra=None):
         """Environment for Slurm commands and jobs: SLURM_CONF names our cluster."""

@@ -36,6 +36,9 @@ def this_host():
     return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
 
 FORMATS = ("openmpi", "mpich", "horovodrun", "H")
+# --elastic: the file of hosts scripts/discover_hosts.py leaves out (the trainers add a straggler's);
+# here, not in runtime/stragglers.py, so that discovery, run every second, imports no torch.
+EXCLUDED_HOSTS_VAR = "HVDTRAIN_EXCLUDED_HOSTS"
 
 # Host names: letters, digits, '-', '_', '.' (IPv4 addresses included).
 _HOST = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
@@ -260,6 +263,68 @@ def from_slurm(env, default_slots=None):
         raise UsageError("missing slot count: SLURM_TASKS_PER_NODE and SLURM_NTASKS_PER_NODE "
                          "are unset; pass --slots N")
     return hosts_with_counts(names, [default_slots] * len(names))
+
+
+# ---------------------------------------------------------------- node states
+# What Slurm says of a node, as `sinfo --Node --format "%N %T"` prints it: the state's
+# long name, then a flag character where one applies (sinfo(1), NODE STATE CODES).
+# A node is left out of an elastic job on Slurm's word only: a state below, or a flag.
+UNUSABLE_STATES = {
+    "down": "down", "drain": "drained", "drained": "drained", "draining": "draining",
+    "fail": "failing", "failing": "failing",
+    "powered_down": "powered down", "powering_down": "powering down", "power_down": "powering down",
+}
+UNUSABLE_FLAGS = {"*": "not responding", "~": "powered off", "%": "powering down"}
+_STATE_LINE = re.compile(rf"^({_HOST})\s+([a-z_+]+)([^a-z_+\s]?)$")
+
+
+def node_state_command(nodelist):
+    """sinfo's one line per node: name and state, over every partition (hidden ones too)."""
+    return ["sinfo", "--noheader", "--Node", "--all", "--nodes", nodelist, "--format", "%N %T"]
+
+
+def parse_node_states(text):
+    """``node1 mixed\nnode4 idle*`` -> {"node1": "mixed", "node4": "idle*"}.
+
+    A node in several partitions is listed once per partition, with the same state.
+    Raises ValueError on a line that is not ``name state``: sinfo answered something else.
+    """
+    states = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        match = _STATE_LINE.match(line.strip().lower())
+        if not match:
+            raise ValueError(f"unexpected sinfo line {line.strip()!r}")
+        states[match.group(1)] = match.group(2) + match.group(3)
+    return states
+
+
+def unusable_reason(state):
+    """Why Slurm's ``state`` (``idle*``, ``draining``, ``mixed``) keeps a node out; None if it does not."""
+    names, flag = re.match(r"^([a-z_+]*)(.*)$", state.lower()).groups()
+    if flag in UNUSABLE_FLAGS:
+        return UNUSABLE_FLAGS[flag]
+    return next((UNUSABLE_STATES[name] for name in names.split("+") if name in UNUSABLE_STATES), None)
+
+
+def usable_hosts(hosts, states, allocated=None):
+    """``hosts`` less the nodes Slurm calls unusable (``states`` from parse_node_states) and,
+    given ``allocated`` (the job's nodes now), those no longer in the job's allocation
+    (Slurm removes a failed node from a --no-kill job; back in service, it is not ours).
+    A node sinfo does not list stays: Slurm said nothing against it.
+    Returns (kept hosts, {left-out name: reason})."""
+    kept, left_out = [], {}
+    for host in hosts:
+        state = states.get(host.name.lower())
+        reason = unusable_reason(state) if state else None
+        if reason:
+            left_out[host.name] = f"{state}: {reason}"
+        elif allocated is not None and host.name not in allocated:
+            left_out[host.name] = "no longer in the job's allocation"
+        else:
+            kept.append(host)
+    return kept, left_out
 
 
 def from_pbs(env, read_text):

@@ -28,7 +28,7 @@ import horovod.torch as hvd
 
 from hvdtrain import cli
 from hvdtrain.errors import STRAGGLER_EXIT, UsageError
-from hvdtrain.launch.hosts import this_host
+from hvdtrain.launch.hosts import EXCLUDED_HOSTS_VAR, this_host  # noqa: F401 (EXCLUDED_HOSTS_VAR: stragglers.EXCLUDED_HOSTS_VAR)
 
 SECTIONS = ("data", "compute", "comm", "optimizer")
 BUSY = ("data", "compute", "optimizer")  # the rank's own work; comm is mostly waiting for others
@@ -36,7 +36,6 @@ NOISE_FRACTION = 0.05  # of the median step time, added to both sides of every s
 WARMUP_STEPS = 5  # a launch's first steps pay for allocation and Horovod's negotiation
 ACTIONS = ("warn", "checkpoint-exit", "exclude")
 STRAGGLER_FILE_VAR = "HVDTRAIN_STRAGGLER_FILE"  # rank 0 writes the straggler's host there (slurm/common.sh)
-EXCLUDED_HOSTS_VAR = "HVDTRAIN_EXCLUDED_HOSTS"  # --elastic: hosts scripts/discover_hosts.py leaves out
 
 
 def add_arguments(parser):
