@@ -12,13 +12,12 @@ import time
 
 import pytest
 
-from support.bert_data import make_small_static_data
 from support.commands import CNN, PRETRAIN
 from support.elastic_jobs import discovery, world_sizes, write_hosts
 from support.hosts import INTERFACE
 from support.launch import RANK_TRACEBACK, launch, wait_then
-from support.sixteen_ranks import (HOSTS, RANKS, SLOTS, SMALL, assert_placed_four_per_host,
-                                   assert_same_weights_as, sixteen_by_4, trained)
+from support.sixteen_ranks import (BERT_COMPARED_STEPS, HOSTS, RANKS, SLOTS, SMALL, assert_placed_four_per_host,
+                                   assert_same_weights_as, bert_reference, sixteen_by_4, trained)
 from support.sixteen_ranks import one_worker as one_worker_run
 from support.slurm_jobs import assert_same_tensors, final_checkpoint
 
@@ -72,32 +71,9 @@ def test_horovodrun_16_ranks_on_four_hosts_equal_one_worker(four_hosts, one_work
     assert_placed_four_per_host(out)
 
 
-# BERT: --balance, whose epoch is one global order of the instances that does not depend on
-# the world size, each step's instances split among the ranks (without it, rank r trains the
-# r-th slice of the epoch: every instance once, in another order; docs/bert.md), here with
-# equal shares throughout (no rebalancing within --straggler-interval); static masking and no
-# dropout (whose masks are drawn per rank), so that 16 ranks x 1 sequence compute what 1 rank
-# x 16 does. Each loss is its share of the step's global mean (one allreduce of the counts).
-BERT_CONFIG = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128,
-               "max_position_embeddings": 512, "type_vocab_size": 2,
-               "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-# 81 instances: steps of 16; the epoch's 5th takes the 17th instance too at 2 ranks or more
-# (a last step smaller than one sequence per rank joins the one before: sampling.global_steps),
-# where one worker trains it alone as a 6th step. So the weights are compared at steps 2 and 4.
-BERT_STEPS = 4
-
-
 @pytest.fixture(scope="module")
 def bert_one_worker(tmp_path_factory):
-    """The data, the model's config and the reference: one process, 16 sequences a step."""
-    root = tmp_path_factory.mktemp("bert")
-    data = make_small_static_data(root)
-    (root / "config.json").write_text(json.dumps(BERT_CONFIG))
-    common = ["--data", data, "--config", root / "config.json", "--steps", BERT_STEPS, "--lr", "1e-3",
-              "--threads", "1", "--checkpoint-every", 2, "--balance", "--straggler-interval", 1000]
-    trained(launch([sys.executable, PRETRAIN, *common, "--batch-size", 16, "--output-dir", root / "one"],
-                   timeout=TIMEOUT), root / "one")
-    return common, root / "one"
+    return bert_reference(tmp_path_factory.mktemp("bert"), TIMEOUT)
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
@@ -106,7 +82,7 @@ def test_pretrain_bert_16_ranks_on_four_hosts_equal_one_worker(four_hosts, bert_
     out = tmp_path / "run"
     trained(on_four_hosts(four_hosts, tmp_path, launcher, [*common, "--batch-size", 1, "--output-dir", out],
                           script=PRETRAIN), out)
-    assert_same_weights_as(out, reference, (2, BERT_STEPS))
+    assert_same_weights_as(out, reference, BERT_COMPARED_STEPS)
 
 
 def test_mpirun_32_ranks_8_per_host_equal_one_worker(four_hosts, one_worker, tmp_path):

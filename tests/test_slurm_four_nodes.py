@@ -23,8 +23,8 @@ from support.commands import CNN, DISCOVER
 from support.hosts import INTERFACE
 from support.launch import launch
 from support.needs import require_module, require_program
-from support.sixteen_ranks import (RANKS, SMALL, assert_placed_four_per_host, assert_same_weights_as, one_worker,
-                                   sixteen_by_4)
+from support.sixteen_ranks import (BERT_COMPARED_STEPS, RANKS, SMALL, assert_placed_four_per_host,
+                                   assert_same_weights_as, bert_reference, one_worker, sixteen_by_4)
 from support.slurm_cluster import running_on
 from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, final_checkpoint,
                                 send_usr1_to_batch_shell)
@@ -115,6 +115,22 @@ def srun_job(cluster, hosts, log, out, env):
                           env={**hosts.env(), "LAUNCHER": "srun", **env})
 
 
+def test_pretrain_bert_16_ranks_under_srun_equal_one_worker(four_node_slurm, four_hosts, tmp_path):
+    """sbatch --nodes=4 --ntasks-per-node=4 slurm/pretrain_bert.sbatch under srun: 16 ranks x 1
+    sequence train the weights of one worker x 16 (support/sixteen_ranks.py's BERT workload)."""
+    common, reference = bert_reference(tmp_path, JOB_TIMEOUT)
+    out, log = tmp_path / "run", tmp_path / "job.out"
+    job = four_node_slurm.sbatch(["--output", log, "--nodes=4", "--ntasks-per-node=4", "--exclusive",
+                                  SLURM / "pretrain_bert.sbatch",
+                                  *map(str, [*common, "--batch-size", 1, "--output-dir", out])],
+                                 env={**four_hosts.env(), "LAUNCHER": "srun"})
+    info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
+    text = log.read_text(errors="replace")
+    assert info["JobState"] == "COMPLETED", f"{info}\n{text}"
+    assert f"4 node(s) node[1-4], {RANKS} ranks, 1 thread(s) each" in text, text
+    assert_same_weights_as(out, reference, BERT_COMPARED_STEPS)
+
+
 def assert_one_line_naming_node4(log):
     errors = [line for line in log.splitlines() if re.search(r"rank \d+: error:", line)]
     assert len(errors) == 1 and "rank 0: error:" in errors[0], log
@@ -155,6 +171,8 @@ def test_a_partitioned_node_under_srun_ends_the_job_within_120_s_with_one_line(f
         ended = time.monotonic()
     finally:
         four_hosts.link("node4", "up")
+        # The cut-off ranks would still hold their ports and memory when the next job starts.
+        four_hosts.vanish("node4", "train_cnn.py")
     info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
     text = log.read_text(errors="replace")
     assert info["JobState"] == "FAILED", f"{info}\n{text}"

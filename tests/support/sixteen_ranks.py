@@ -10,13 +10,29 @@ import sys
 
 import torch
 
-from .commands import CNN
+from .bert_data import make_small_static_data
+from .commands import CNN, PRETRAIN
 from .launch import RANK_TRACEBACK, launch
 from .slurm_jobs import final_checkpoint
 
 RANKS, SLOTS = 16, 4
 HOSTS = [f"node{i}" for i in range(1, 5)]
 SMALL = ["--model", "convnet", "--image-size", "8", "--threads", "1"]
+
+# BERT: --balance, whose epoch is one global order of the instances that does not depend on
+# the world size, each step's instances split among the ranks (without it, rank r trains the
+# r-th slice of the epoch: every instance once, in another order; docs/bert.md), here with
+# equal shares throughout (no rebalancing within --straggler-interval); static masking and no
+# dropout (whose masks are drawn per rank), so that 16 ranks x 1 sequence compute what 1 rank
+# x 16 does. Each loss is its share of the step's global mean (one allreduce of the counts).
+BERT_CONFIG = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128,
+               "max_position_embeddings": 512, "type_vocab_size": 2,
+               "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+# 81 instances: steps of 16; the epoch's 5th takes the 17th instance too at 2 ranks or more
+# (a last step smaller than one sequence per rank joins the one before: sampling.global_steps),
+# where one worker trains it alone as a 6th step. So the weights are compared at steps 2 and 4.
+BERT_STEPS = 4
+BERT_COMPARED_STEPS = (2, BERT_STEPS)
 
 
 def sixteen_by_4(checkpoint_every, ranks=RANKS):
@@ -41,6 +57,19 @@ def one_worker(out, steps, checkpoint_every, timeout):
     """The reference: one process, batch 64, on this machine (no launcher)."""
     return trained(launch([sys.executable, CNN, *one_by_64(checkpoint_every), "--max-steps", steps,
                            "--output-dir", out], timeout=timeout), out)
+
+
+def bert_reference(root, timeout):
+    """The data, the model's config and the reference: one process, 16 sequences a step.
+    Returns (the arguments every run shares, the reference's output directory); a
+    16-rank run adds ``--batch-size 1``."""
+    data = make_small_static_data(root)
+    (root / "config.json").write_text(json.dumps(BERT_CONFIG))
+    common = ["--data", data, "--config", root / "config.json", "--steps", BERT_STEPS, "--lr", "1e-3",
+              "--threads", "1", "--checkpoint-every", 2, "--balance", "--straggler-interval", 1000]
+    trained(launch([sys.executable, PRETRAIN, *common, "--batch-size", 16, "--output-dir", root / "one"],
+                   timeout=timeout), root / "one")
+    return common, root / "one"
 
 
 def assert_same_weights_as(out, reference, steps):
