@@ -31,5 +31,9 @@ demo-bert: setup
 test: setup test-deps
 	$(VENV)/bin/python -m pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadgroup tests
 
+# Also the `extended` tests (pytest.ini): about 10 minutes more on 2 cores.
+test-extended: setup test-deps
+	HVDTEST_EXTENDED=1 $(VENV)/bin/python -m pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadgroup tests
+
 clean:
 	rm -rf runs .pytest_cache

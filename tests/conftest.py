@@ -2,6 +2,8 @@
 
 Under CI=true a missing component fails; elsewhere it skips (support/needs.py).
 """
+import os
+
 import pytest
 
 from support import machine
@@ -61,6 +63,9 @@ def pytest_configure(config):
         config.pluginmanager.register(xdist_groups, "hvdtest-xdist-groups")  # its pytest_configure runs now
 
 
+EXTENDED_ENV = "HVDTEST_EXTENDED"  # 1: also the `extended` tests (make test-extended)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     """Deselect the `gpu` tests where no CUDA GPU is visible: the one exception to
@@ -71,6 +76,12 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=gpu_tests)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
         config.stash[_GPU_DESELECTED] = len(gpu_tests)
+    extended = [item for item in items if item.get_closest_marker("extended")]
+    if extended and os.environ.get(EXTENDED_ENV) != "1":
+        # Second forms of what the default run already proves on four hosts: together about
+        # 10 minutes on 2 cores, which CI's 90-minute limit does not leave (docs/testing.md).
+        config.hook.pytest_deselected(items=extended)
+        items[:] = [item for item in items if not item.get_closest_marker("extended")]
     groups = shared_fixture_groups(items)
     for item, group in groups.items():
         item.add_marker(pytest.mark.xdist_group(group))

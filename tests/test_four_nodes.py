@@ -62,7 +62,7 @@ def test_mpirun_16_ranks_on_four_hosts_equal_one_worker(sixteen_under_mpirun, on
     assert_placed_four_per_host(sixteen_under_mpirun)
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun --mpi"])
+@pytest.mark.parametrize("launcher", ["horovodrun", pytest.param("horovodrun --mpi", marks=pytest.mark.extended)])
 def test_horovodrun_16_ranks_on_four_hosts_equal_one_worker(four_hosts, one_worker, launcher, tmp_path):
     out = tmp_path / "run"
     trained(on_four_hosts(four_hosts, tmp_path, launcher, [*SIXTEEN_BY_4, "--max-steps", STEPS,
@@ -85,6 +85,7 @@ def test_pretrain_bert_16_ranks_on_four_hosts_equal_one_worker(four_hosts, bert_
     assert_same_weights_as(out, reference, BERT_COMPARED_STEPS)
 
 
+@pytest.mark.extended
 def test_mpirun_32_ranks_8_per_host_equal_one_worker(four_hosts, one_worker, tmp_path):
     """32 ranks x batch 2, 8 slots on each host: the same global batch of 64 as one worker."""
     out = tmp_path / "run"
@@ -107,7 +108,7 @@ def test_16_ranks_stopped_and_resumed_equal_the_uninterrupted_run_bit_for_bit(fo
     assert_same_tensors(actual["optimizer"]["state"], expected["optimizer"]["state"], "optimizer")
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun", "horovodrun --mpi"])
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun", pytest.param("horovodrun --mpi", marks=pytest.mark.extended)])
 def test_a_node_that_vanishes_ends_the_job_within_seconds_naming_it(four_hosts, launcher, tmp_path):
     """All four ranks of node4 SIGKILLed at once, as when a node dies: the job ends, the output
     names node4, and no surviving rank adds a line of its own (at 512 ranks: 508 lines), no
@@ -199,7 +200,7 @@ def test_rank_0s_node_frozen_is_one_line_from_the_first_rank_of_another_node(fou
     print(f"rank 0's node frozen at {RANKS} ranks under {launcher}: {errors[0]}")
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun --mpi"])
+@pytest.mark.parametrize("launcher", ["horovodrun", pytest.param("horovodrun --mpi", marks=pytest.mark.extended)])
 def test_a_partitioned_node_ends_the_job_within_120_s_with_one_line(four_hosts, launcher, tmp_path):
     """node4's link taken down mid-training (its ranks alive, their packets lost): the job ends
     within 120 s of the partition, one line from the ranks names node4's ranks, nothing after it."""
