@@ -78,19 +78,20 @@ def planned():
 def at_step(rank, step):
     """Called after every training step: inject the planned fault there."""
     fault = planned()
-    if fault and not fault.phase and fault.kind != "slow-checkpoint":
+    if fault and not fault.phase:
         _inject(fault, rank, step)
 
 
 def in_phase(rank, step, name):
     """Called as a rank enters a watchdog phase: inject the fault planned there."""
     fault = planned()
-    if fault and fault.phase == name and fault.kind != "slow-checkpoint":
+    if fault and fault.phase == name:
         _inject(fault, rank, step)
 
 
 def _inject(fault, rank, step):
-    if not fault.applies_to(rank) or fault.step != step:
+    # slow-checkpoint is no injection here: in_checkpoint_write sleeps inside the write.
+    if fault.kind == "slow-checkpoint" or not fault.applies_to(rank) or fault.step != step:
         return
     # The wall-clock time lets the fault matrix measure how long the job took to end.
     print(f"rank {rank}: injecting fault {fault.kind} after step {step} at {time.time():.3f} ({FAULT_ENV})",

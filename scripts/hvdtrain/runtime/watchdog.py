@@ -171,7 +171,7 @@ class Watchdog:
             return (f"this process was frozen (stopped) for {frozen:.0f} s "
                     f"{self._when()}, e.g. by SIGSTOP or a stalled node")
         if lost:
-            missing = self.peers.who_is_silent() if self.peers.listens else ""
+            missing = self._missing()
             doing = self.current_phase or "starting"
             return (f"{doing} for {silent:.0f} s {self._when()}: waiting in a collective for ranks that "
                     f"will not join" + (f"; {missing}" if missing else ""))
@@ -179,11 +179,15 @@ class Watchdog:
             return f"{self.current_phase} took more than {silent:.0f} s"
         waiting, place = _main_thread_place()
         if waiting:
-            missing = self.peers.who_is_silent() if self.peers is not None and self.peers.listens else ""
+            missing = self._missing()
             return (f"no training progress for {silent:.0f} s {self._when()}: waiting in a collective for "
                     f"another rank that is frozen, deadlocked or dead" + (f"; {missing}" if missing else ""))
         return (f"no training progress for {silent:.0f} s {self._when()}: this rank's main thread is stuck "
                 f"outside any collective, at {place}")
+
+    def _missing(self):
+        """A listener's "not heard from ranks ... (all 4 on node-d) ...", else ""."""
+        return self.peers.who_is_silent() if self.peers is not None and self.peers.listens else ""
 
     def _when(self):
         return "before the first step" if self.step_number is None else f"after step {self.step_number}"
