@@ -75,6 +75,9 @@ def parse_args(argv=None):
     parser.add_argument("--bin-size", type=non_negative_int, default=0,
                         help="group each shard's rows by length in bins of this many tokens (NVIDIA LDDL: 64 "
                              "for phase 2) so pretrain_bert.py pads only to the bin's length; 0: off")
+    parser.add_argument("--workers", type=positive_int,
+                        help="processes per rank that make instances and write shards (default: the node's "
+                             "CPUs divided among its ranks, as the tokenizer's threads are)")
     parser.add_argument("--seed", type=non_negative_int, default=12345,
                         help="pairs, segments and masks; the same seed gives the same examples")
     args = parser.parse_args(argv)
@@ -163,36 +166,27 @@ def check_document_count(total):
                          "at least 2 (separate documents with a blank line)")
 
 
-def make_my_instances(args, world, tokenizer, scratch, counts):
-    """Pass 2: instances of this rank's contiguous range of the corpus's documents."""
-    store = prepare.TokenStore(scratch, counts, prepare.token_dtype(len(tokenizer)))
-    total = store.count
-    documents = range(world.rank * total // world.size, (world.rank + 1) * total // world.size)
-    parts = prepare.ShardParts(scratch, world.rank, args.num_shards, record_dtype(args))
-    made = prepare.make_instances(store, documents, args, corpus.SpecialIds.of(tokenizer), parts)
-    store.close()
-    return made
+def make_my_instances(args, world, tokenizer, scratch, counts, workers):
+    """Pass 2: instances of this rank's contiguous range of the corpus's documents, the range
+    split among its worker processes. Returns [(rank, worker, instances made)] in corpus order."""
+    total = sum(counts)
+    mine = range(world.rank * total // world.size, (world.rank + 1) * total // world.size)
+    tasks = [(scratch, counts, prepare.token_dtype(len(tokenizer)), args, record_dtype(args),
+              corpus.SpecialIds.of(tokenizer), world.rank, worker, documents)
+             for worker, documents in enumerate(prepare.split_range(mine, workers))]
+    return prepare.run_in_workers(prepare.instances_in_worker, tasks, workers)
 
 
 def record_dtype(args):
     return corpus.record_dtype(args.max_seq_length, args.max_predictions_per_seq, args.masking == "static")
 
 
-def write_my_shards(args, world, scratch, made):
-    """Pass 3: shards rank, rank+size, ...; ``made`` is every rank's instance count.
-
-    Returns [{"file", "instances", "sha256"}] for the metadata.
-    """
-    offsets = [0, *itertools.accumulate(made)][:-1]
-    written = []
-    for shard in range(world.rank, args.num_shards, world.size):
-        records = prepare.shard_records(scratch, shard, offsets, args.num_shards, record_dtype(args), args.seed)
-        entry = {"file": bert_data.shard_name(shard), "instances": len(records)}
-        if args.bin_size:
-            records, entry["bins"] = prepare.sort_by_bin(records, args.bin_size, args.max_seq_length)
-        entry["sha256"] = bert_data.write_shard(args.output_dir / entry["file"], corpus.records_to_arrays(records))
-        written.append(entry)
-    return written
+def write_my_shards(args, world, scratch, made, workers):
+    """Pass 3: shards rank, rank+size, ..., dealt among this rank's worker processes;
+    ``made`` is every worker's instance count. Returns the shards' metadata entries."""
+    mine = list(range(world.rank, args.num_shards, world.size))
+    tasks = [(mine[worker::workers], scratch, made, args, record_dtype(args)) for worker in range(workers)]
+    return [entry for part in prepare.run_in_workers(prepare.write_shards, tasks, workers) for entry in part]
 
 
 def lock_output_dir(args, world):
@@ -231,6 +225,7 @@ def main(argv=None):
     world = World()
     start = time.time()
     threads = prepare.divide_tokenizer_threads(world.local_size())  # before the tokenizer's first call
+    workers = args.workers or prepare.local_workers(world.local_size())
     files = world.agree_on_errors(check_inputs, args, world)
     world.agree_on_errors(lock_output_dir, args, world)
 
@@ -246,7 +241,7 @@ def main(argv=None):
     if world.is_main:
         corpus.save_tokenizer(tokenizer, args.output_dir / bert_data.TOKENIZER_DIR)
         world.print0(f"vocabulary: {len(tokenizer)} tokens ({'uncased' if lowercase else 'cased'}); "
-                     f"tokenizer threads per rank: {threads}")
+                     f"tokenizer threads per rank: {threads}; processes per rank for instances and shards: {workers}")
 
     scratch = args.output_dir / prepare.SCRATCH_DIR
     if world.is_main:
@@ -257,9 +252,10 @@ def main(argv=None):
     counts = [documents for documents, _ in stored]
     world.agree_on_errors(check_document_count, sum(counts))
     timer.done("tokenize", sum(characters for _, characters in stored))
-    made = world.allgather(make_my_instances(args, world, tokenizer, scratch, counts))
+    made = [m for part in world.allgather(make_my_instances(args, world, tokenizer, scratch, counts, workers))
+            for m in part]
     timer.done("instances")
-    shards = [s for part in world.allgather(write_my_shards(args, world, scratch, made)) for s in part]
+    shards = [s for part in world.allgather(write_my_shards(args, world, scratch, made, workers)) for s in part]
     timer.done("shards")
     if world.is_main:
         shutil.rmtree(scratch)

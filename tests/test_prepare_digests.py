@@ -101,6 +101,22 @@ def test_three_ranks_write_the_recorded_shards(name, tmp_path, need_mpi):
     assert shard_digests(tmp_path / "data") == DIGESTS[name]
 
 
+@pytest.mark.parametrize("ranks, workers", [(1, 3), (2, 2)])
+def test_worker_processes_write_the_recorded_shards(ranks, workers, tmp_path, need_mpi):
+    """Passes 2 and 3 in forked worker processes (--workers; by default the node's CPUs per rank):
+    3 workers dealing 5 shards unevenly in one process, and 2 per rank under mpirun."""
+    name = "files dupe 3"
+    command = [sys.executable, *case_command(name, tmp_path), "--workers", str(workers)]
+    if ranks > 1:
+        require_module("mpi4py")
+        command = ["mpirun", "--oversubscribe", "-np", str(ranks), *command]
+    run = succeeded(launch(command, timeout=300))
+    assert f"processes per rank for instances and shards: {workers}" in run.output
+    assert "fork" not in run.output  # neither the tokenizers' nor Open MPI's fork warning
+    assert shard_digests(tmp_path / "data") == DIGESTS[name]
+    assert not list((tmp_path / "data").glob(".prepare-scratch*"))
+
+
 @pytest.mark.parametrize("masking", ["dynamic", "static"])
 def test_the_numpy_builder_gives_the_reference_records(masking, tmp_path):
     """bert_instances (arrays, one vectorised fill) against bert_corpus's per-token reference,

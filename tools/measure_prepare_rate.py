@@ -11,7 +11,8 @@ given with --vocab); (c) where (b) spends its time, from timers wrapped around t
 preparation's functions (time inside a nested timed function counts once, for it).
 The tokenizer's call runs in a
 thread beside the preparation's own (it releases the GIL): (c) counts this
-thread's time waiting for it. Prints the rates by input bytes and the fraction (b)/(a). Other options are passed
+thread's time waiting for it; passes 2 and 3 in worker processes (more than one CPU per
+rank) count as the time waited for them (--workers 1 splits them by function). Prints the rates by input bytes and the fraction (b)/(a). Other options are passed
 to prepare_bert_data.py (default here: --dupe-factor 1).
 """
 import argparse
@@ -57,6 +58,8 @@ TIMED = [
     ("shard shuffle", prepare, "shard_records"),
     ("shard shuffle", prepare, "sort_by_bin"),
     ("shard write (HDF5 gzip, sha256)", bert_data, "write_shard"),
+    # Passes 2 and 3 in forked worker processes: the functions above run there, uncounted here.
+    ("passes 2-3 in worker processes, waited for", prepare, "run_in_workers"),
 ]
 
 

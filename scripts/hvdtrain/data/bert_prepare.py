@@ -15,6 +15,12 @@ scripts/prepare_bert_data.py runs three passes, each rank on its share:
 3. shards: shard s is the concatenation of every rank's part for s (in rank
    order, so in corpus order), shuffled with a generator seeded by (seed, s).
 
+Passes 2 and 3 are pure Python and numpy on one core, while the tokenizer of
+pass 1 uses its threads on every core it is given. So each rank runs them in
+its share of the node's cores as local worker processes (``run_in_workers``):
+worker w of rank r takes the w-th part of r's documents (and writes its own
+parts, which come after worker w-1's in corpus order) and of r's shards.
+
 So the shards are a pure function of the corpus, the vocabulary and the options,
 byte for byte, whatever the number of ranks, and memory holds one chunk of text
 or one shard at a time, never the corpus.
@@ -22,6 +28,7 @@ or one shard at a time, never the corpus.
 import bisect
 import functools
 import itertools
+import multiprocessing
 import os
 import shutil
 import struct
@@ -108,6 +115,33 @@ def divide_tokenizer_threads(local_ranks):
     if not os.environ.get("RAYON_NUM_THREADS"):
         os.environ["RAYON_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // local_ranks))
     return int(os.environ["RAYON_NUM_THREADS"])
+
+
+def local_workers(local_ranks):
+    """Processes per rank for passes 2 and 3: the node's CPUs (this process's affinity)
+    divided among its ranks, as the tokenizer's threads are."""
+    return max(1, len(os.sched_getaffinity(0)) // local_ranks)
+
+
+def run_in_workers(function, tasks, workers):
+    """``function(*task)`` for every task, in up to ``workers`` forked processes; results in order.
+
+    With one worker (or one task) it runs here, forking nothing: N ranks on N cores stay
+    N processes. The children only compute and write files; they never call MPI, and they
+    leave with os._exit (no atexit MPI_Finalize). TOKENIZERS_PARALLELISM, if unset, is set
+    to its default ("true") first: `tokenizers` otherwise warns on fork after its threads ran.
+    """
+    if workers <= 1 or len(tasks) <= 1:
+        return [function(*task) for task in tasks]
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    with multiprocessing.get_context("fork").Pool(min(workers, len(tasks))) as pool:
+        return pool.starmap(function, tasks)
+
+
+def split_range(numbers, parts):
+    """``numbers`` (a range) as ``parts`` contiguous ranges, in order, sizes within one."""
+    size = len(numbers)
+    return [numbers[size * part // parts:size * (part + 1) // parts] for part in range(parts)]
 
 
 def tokenize_sources(sources, tokenizer, writer, batch=TOKENIZE_BATCH):
@@ -218,19 +252,20 @@ class TokenStore:
 
 # ----------------------------------------------------------------------------- pass 2: instances
 
-def part_path(scratch, rank, bucket):
-    return Path(scratch) / f"part-{rank:05d}-{bucket:05d}.bin"
+def part_path(scratch, rank, bucket, worker=0):
+    return Path(scratch) / f"part-{rank:05d}.{worker:03d}-{bucket:05d}.bin"
 
 
 class ShardParts:
-    """Appends this rank's instances, in order, to one scratch file per bucket (local index mod shards).
+    """Appends a worker's instances, in order, to one scratch file per bucket (local index mod shards).
 
-    Rank r's local instance l is global instance offset_r + l, so its bucket b
-    becomes shard (b + offset_r) mod shards once the offsets are known.
+    Its local instance l is global instance offset + l (offset: the instances of
+    the workers before it, in corpus order), so bucket b becomes shard
+    (b + offset) mod shards once the offsets are known.
     """
 
-    def __init__(self, scratch, rank, shards, dtype):
-        self.scratch, self.rank, self.shards, self.dtype = scratch, rank, shards, dtype
+    def __init__(self, scratch, rank, shards, dtype, worker=0):
+        self.scratch, self.rank, self.worker, self.shards, self.dtype = scratch, rank, worker, shards, dtype
         self.count = 0
 
     def add_rows(self, records):
@@ -238,9 +273,20 @@ class ShardParts:
         for bucket in range(self.shards):
             rows = records[(bucket - self.count) % self.shards::self.shards]
             if len(rows):
-                with open(part_path(self.scratch, self.rank, bucket), "ab") as handle:
+                with open(part_path(self.scratch, self.rank, bucket, self.worker), "ab") as handle:
                     rows.tofile(handle)
         self.count += len(records)
+
+
+def instances_in_worker(scratch, counts, token_dtype, options, dtype, ids, rank, worker, documents):
+    """One worker's pass 2 (see run_in_workers): the instances of ``documents`` (a range of the
+    corpus) into its own shard parts. Returns (rank, worker, instances made)."""
+    store = TokenStore(scratch, counts, token_dtype)
+    try:
+        parts = ShardParts(scratch, rank, options.num_shards, dtype, worker)
+        return rank, worker, make_instances(store, documents, options, ids, parts)
+    finally:
+        store.close()
 
 
 def make_instances(store, documents, options, ids, parts):
@@ -275,18 +321,35 @@ def mask_rows(made, options, rng, ids):
 
 # ----------------------------------------------------------------------------- pass 3: shards
 
-def shard_records(scratch, shard, offsets, shards, dtype, seed):
-    """Shard ``shard``: every rank's part for it in rank (= corpus) order, then shuffled.
+def shard_records(scratch, shard, made, shards, dtype, seed):
+    """Shard ``shard``: every worker's part for it in corpus order, then shuffled.
 
-    ``offsets[r]`` is the number of instances made by ranks before r.
+    ``made``: (rank, worker, instances made) of every worker of every rank, in corpus order.
     """
-    pieces = []
-    for rank, offset in enumerate(offsets):
-        path = part_path(scratch, rank, (shard - offset) % shards)
+    pieces, offset = [], 0
+    for rank, worker, count in made:
+        path = part_path(scratch, rank, (shard - offset) % shards, worker)
+        offset += count
         if path.exists():
             pieces.append(np.fromfile(path, dtype=dtype))
     records = np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype)
     return records[np.random.default_rng([seed, shard]).permutation(len(records))]
+
+
+def write_shards(shards, scratch, made, options, dtype):
+    """One worker's pass 3: shards ``shards`` into options.output_dir.
+
+    Returns [{"file", "instances", "sha256"(, "bins")}] for the metadata.
+    """
+    written = []
+    for shard in shards:
+        records = shard_records(scratch, shard, made, options.num_shards, dtype, options.seed)
+        entry = {"file": bert_data.shard_name(shard), "instances": len(records)}
+        if options.bin_size:
+            records, entry["bins"] = sort_by_bin(records, options.bin_size, options.max_seq_length)
+        entry["sha256"] = bert_data.write_shard(options.output_dir / entry["file"], corpus.records_to_arrays(records))
+        written.append(entry)
+    return written
 
 
 def sort_by_bin(records, bin_size, max_seq_length):
