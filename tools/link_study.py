@@ -17,6 +17,7 @@ round-trip time is the veth pairs' and the bridge's own (tens of microseconds).
 """
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,9 @@ def parse_args():
                         help="HOROVOD_FUSION_THRESHOLD values in MiB (0: no fusion)")
     parser.add_argument("--controller", choices=["mpi", "gloo"], default="mpi",
                         help="horovodrun --mpi (the collection's default) or --gloo")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of every cell, interleaved (round 2 after all of round 1 at that rate); "
+                             "a cell's total is the median, its spread the rounds' range")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per launch")
     return parser.parse_args()
 
@@ -109,17 +113,24 @@ def study(args, hosts):
         shape(hosts, rate)
         measured = link_check(hosts, rate, directory, args)
         print(f"link {rate}: a 64 MiB allreduce moves {measured:.3f} GB/s (algbw)", flush=True)
-        for model in args.models:
-            for fusion in args.fusion_mb:
-                for fp16 in (False, True):
-                    extra = ["--fusion-threshold-mb", str(fusion)] + (["--fp16-allreduce"] if fp16 else [])
-                    name = f"{model}-{rate}-fusion{fusion}{'-fp16' if fp16 else ''}.json"
-                    result = train(hosts, 2, model, extra, directory / name, args)
-                    total = result["total"]["median"]
-                    rows.append({"rate": rate, "link_algbw_gbps": measured, "model": model, "fusion_mb": fusion,
-                                 "fp16_allreduce": fp16, "total": total, "unit": result["unit"],
-                                 "spread": [result["total"]["min"], result["total"]["max"]],
-                                 "efficiency": total / (2 * base[model])})
+        cells = [(model, fusion, fp16) for model in args.models for fusion in args.fusion_mb for fp16 in (False, True)]
+        totals = {cell: [] for cell in cells}
+        for round_index in range(args.rounds):  # interleaved: each cell's rounds see the machine at other times
+            for model, fusion, fp16 in cells:
+                extra = ["--fusion-threshold-mb", str(fusion)] + (["--fp16-allreduce"] if fp16 else [])
+                suffix = f"-round{round_index}" if args.rounds > 1 else ""
+                name = f"{model}-{rate}-fusion{fusion}{'-fp16' if fp16 else ''}{suffix}.json"
+                result = train(hosts, 2, model, extra, directory / name, args)
+                totals[(model, fusion, fp16)].append(result)
+        for (model, fusion, fp16), results in totals.items():
+            rounds = sorted(result["total"]["median"] for result in results)
+            total = statistics.median(rounds)
+            spread = ([results[0]["total"]["min"], results[0]["total"]["max"]] if len(results) == 1
+                      else [rounds[0], rounds[-1]])
+            rows.append({"rate": rate, "link_algbw_gbps": measured, "model": model, "fusion_mb": fusion,
+                         "fp16_allreduce": fp16, "total": total, "unit": results[0]["unit"],
+                         "spread": spread, "rounds": [result["total"]["median"] for result in results],
+                         "efficiency": total / (2 * base[model])})
     shape(hosts, "none")
     summary = {"controller": args.controller, "base_one_rank": base, "rows": rows, "timing": TIMING, "models": {m: MODEL_ARGS[m] for m in args.models},
                "command": " ".join(sys.argv)}

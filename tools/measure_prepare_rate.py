@@ -190,9 +190,10 @@ def main():
     for category, seconds in [*breakdown.seconds.most_common(), ("other (vocabulary, metadata, glue)", other)]:
         print(f"    {category:48s} {seconds:6.2f} s  {100 * seconds / whole:5.1f}%")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest worker process
     print(f"fraction (b)/(a): {alone / whole:.2f} by the best times; run by run "
           f"{' '.join(f'{pair:.2f}' for pair in pairs)}, median {pairs[len(pairs) // 2]:.2f}")
-    print(f"peak RSS of this process {peak:.0f} MiB; "
+    print(f"peak RSS of this process {peak:.0f} MiB, of its largest worker process {worker:.0f} MiB; "
           f"load average {os.getloadavg()[0]:.1f}; input, vocabulary and shards in {work}")
 
 

@@ -163,8 +163,7 @@ class Run:
             if self.log is not None:
                 self.log.close()
             # A new rank 0 (or a worker that joined) writes the log from the committed step on.
-            self.log = RunLog(ctx, self.settings.output_dir, self.total_steps, resumed_step=self.state.step,
-                              resumed_epoch=self.state.epoch)
+            self.log = self._open_log()
         elif ctx.is_main:
             # Rows of steps after the commit are written again when those steps are redone.
             self.log.drop_rows_after(self.state.step, self.state.epoch)
@@ -191,9 +190,12 @@ class Run:
         else:
             # Horovod: every rank starts from rank 0's weights (the optimizer state is still empty).
             hvd.broadcast_parameters(self.checkpointer.shared["model"].state_dict(), root_rank=0)
-        self.log = RunLog(self.ctx, self.settings.output_dir, self.total_steps, resumed_step=self.state.step,
-                          resumed_epoch=self.state.epoch)
+        self.log = self._open_log()
         return restored
+
+    def _open_log(self):
+        """The log, written on from the restored state: its rows of later steps are dropped."""
+        return RunLog(self.ctx, self.settings.output_dir, self.total_steps, resumed_from=self.state)
 
     def _lock_output_dir(self):
         """Rank 0 holds --output-dir's lock until it exits (see outdir_lock)."""

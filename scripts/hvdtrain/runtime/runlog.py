@@ -16,8 +16,10 @@ except ImportError:  # tqdm is in requirements.txt; plain lines without it
 class RunLog:
     """Everything a run writes for people. A no-op on ranks other than 0."""
 
-    def __init__(self, ctx, output_dir, total_steps=None, tensorboard=True, resumed_step=0, resumed_epoch=0):
+    def __init__(self, ctx, output_dir, total_steps=None, tensorboard=True, resumed_from=None):
+        """``resumed_from``: the restored training state (its step and epoch), None for a new run."""
         self.enabled = ctx.is_main
+        resumed_step = resumed_from.step if resumed_from is not None else 0
         self.output_dir = Path(output_dir)
         self.bar = None
         self.report = None
@@ -30,7 +32,7 @@ class RunLog:
         self.metrics_path = self.output_dir / "metrics.jsonl"
         self.ranks_path = self.output_dir / "stragglers.jsonl"  # timings: they differ from run to run
         if resumed_step:
-            self.drop_rows_after(resumed_step, resumed_epoch)
+            self.drop_rows_after(resumed_step, resumed_from.epoch)
         if tqdm is not None and sys.stderr.isatty():
             self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
         elif total_steps:
