@@ -1,5 +1,6 @@
 """BERT data pieces in-process: instances, masking, the shard format, per-rank data."""
 import collections
+import os
 import random
 
 import numpy as np
@@ -289,3 +290,12 @@ def test_bad_shard_directories_are_named(tmp_path):
     bert_data.check_shard(tmp_path, metadata["shards"][0], metadata)
     with pytest.raises(UsageError, match=f"corrupt shard {path}"):
         bert_data.check_shard(tmp_path, metadata["shards"][1], metadata)
+
+
+def test_worker_processes_return_in_order_and_a_dead_worker_fails_instead_of_waiting():
+    """bert_prepare.run_in_workers: results in task order; a worker that dies (os._exit, as
+    an out-of-memory kill would) raises at once, where multiprocessing.Pool waits for good."""
+    assert prepare.run_in_workers(divmod, [(7, 2), (9, 4), (5, 5)], 2) == [(3, 1), (2, 1), (1, 0)]
+    assert prepare.run_in_workers(divmod, [(7, 2)], 1) == [(3, 1)]
+    with pytest.raises(RuntimeError, match="a worker process of data preparation died while running _exit"):
+        prepare.run_in_workers(os._exit, [(3,), (3,)], 2)

@@ -32,7 +32,8 @@ import multiprocessing
 import os
 import shutil
 import struct
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -134,8 +135,14 @@ def run_in_workers(function, tasks, workers):
     if workers <= 1 or len(tasks) <= 1:
         return [function(*task) for task in tasks]
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    with multiprocessing.get_context("fork").Pool(min(workers, len(tasks))) as pool:
-        return pool.starmap(function, tasks)
+    # A process pool that fails when a worker dies (multiprocessing.Pool would wait for it for good).
+    context = multiprocessing.get_context("fork")
+    try:
+        with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context) as pool:
+            return list(pool.map(function, *zip(*tasks)))
+    except BrokenProcessPool:
+        raise RuntimeError(f"a worker process of data preparation died while running {function.__name__} "
+                           "(killed, or out of memory?); rerun with fewer --workers") from None
 
 
 def split_range(numbers, parts):
