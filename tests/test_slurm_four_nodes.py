@@ -119,16 +119,30 @@ def test_pretrain_bert_16_ranks_under_srun_equal_one_worker(four_node_slurm, fou
     """sbatch --nodes=4 --ntasks-per-node=4 slurm/pretrain_bert.sbatch under srun: 16 ranks x 1
     sequence train the weights of one worker x 16 (support/sixteen_ranks.py's BERT workload)."""
     common, reference = bert_reference(tmp_path, JOB_TIMEOUT)
-    out, log = tmp_path / "run", tmp_path / "job.out"
-    job = four_node_slurm.sbatch(["--output", log, "--nodes=4", "--ntasks-per-node=4", "--exclusive",
-                                  SLURM / "pretrain_bert.sbatch",
-                                  *map(str, [*common, "--batch-size", 1, "--output-dir", out])],
-                                 env={**four_hosts.env(), "LAUNCHER": "srun"})
-    info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
-    text = log.read_text(errors="replace")
+    for attempt in range(2):
+        out, log = tmp_path / f"run{attempt}", tmp_path / f"job{attempt}.out"
+        job = four_node_slurm.sbatch(["--output", log, "--nodes=4", "--ntasks-per-node=4", "--exclusive",
+                                      SLURM / "pretrain_bert.sbatch",
+                                      *map(str, [*common, "--batch-size", 1, "--output-dir", out])],
+                                     env={**four_hosts.env(), "LAUNCHER": "srun"})
+        info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
+        text = log.read_text(errors="replace")
+        if attempt or not open_mpi_shared_memory_failed_at_start(info, text, out):
+            break
+        print(f"job {job}: Open MPI's shared memory set-up failed at start-up; submitted again\n{text}")
     assert info["JobState"] == "COMPLETED", f"{info}\n{text}"
     assert f"4 node(s) node[1-4], {RANKS} ranks, 1 thread(s) each" in text, text
     assert_same_weights_as(out, reference, BERT_COMPARED_STEPS)
+
+
+def open_mpi_shared_memory_failed_at_start(info, text, out):
+    """The intermittent start-up failure of Open MPI 4.1 under srun on these simulated nodes
+    (seen twice in about ten suite runs, 2026-11-25 and 26; not understood): a rank's shared
+    memory set-up fails (open(2): ENOENT, a peer's segment file) and the rank segfaults before
+    training starts (ompi issue 5262 describes the same failure). One resubmission, for the one
+    test whose job must complete; docs/testing.md."""
+    return (info.get("ExitCode") == "139:0" and "A system call failed during shared memory initialization" in text
+            and not any(out.glob("step-*.pt")))
 
 
 def assert_one_line_naming_node4(log):
