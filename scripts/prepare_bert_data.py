@@ -225,7 +225,7 @@ def main(argv=None):
     world = World()
     start = time.time()
     threads = prepare.divide_tokenizer_threads(world.local_size())  # before the tokenizer's first call
-    workers = args.workers or prepare.local_workers(world.local_size())
+    workers = args.workers or prepare.cpus_per_rank(world.local_size())  # processes for passes 2 and 3
     files = world.agree_on_errors(check_inputs, args, world)
     world.agree_on_errors(lock_output_dir, args, world)
 

@@ -105,6 +105,14 @@ class TokenStoreWriter:
             handle.close()
 
 
+def cpus_per_rank(local_ranks):
+    """This rank's share of the CPUs it may run on (its affinity), divided among the node's ranks; at least 1.
+
+    The tokenizer's threads (pass 1) and the worker processes (passes 2 and 3) both take this share.
+    """
+    return max(1, len(os.sched_getaffinity(0)) // local_ranks)
+
+
 def divide_tokenizer_threads(local_ranks):
     """Give each of this node's ranks its share of the CPUs it may run on for the tokenizer.
 
@@ -114,14 +122,8 @@ def divide_tokenizer_threads(local_ranks):
     threads. A value already set is kept. Returns the number of threads.
     """
     if not os.environ.get("RAYON_NUM_THREADS"):
-        os.environ["RAYON_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // local_ranks))
+        os.environ["RAYON_NUM_THREADS"] = str(cpus_per_rank(local_ranks))
     return int(os.environ["RAYON_NUM_THREADS"])
-
-
-def local_workers(local_ranks):
-    """Processes per rank for passes 2 and 3: the node's CPUs (this process's affinity)
-    divided among its ranks, as the tokenizer's threads are."""
-    return max(1, len(os.sched_getaffinity(0)) // local_ranks)
 
 
 def run_in_workers(function, tasks, workers):
