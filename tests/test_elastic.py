@@ -19,6 +19,8 @@ import os
 import re
 import signal
 
+import pytest
+
 from support.bert_data import all_instances, make_small_static_data, trained_instances
 from support.commands import SLOW_RANK_WATCH, SLOW_SHARE
 from support.elastic_jobs import elastic_command, world_sizes, write_hosts
@@ -147,6 +149,7 @@ def test_a_killed_worker_on_a_host_with_two_slots_is_restarted(need_horovod, tmp
     assert results["completed"] and results["world_size"] == 2, results
 
 
+@pytest.mark.extended  # test_four_nodes.py's elastic test kills a whole node's ranks across hosts
 def test_a_killed_worker_on_another_host(need_horovod, two_hosts, tmp_path):
     """Across two hosts (ssh to hvd-b): SIGKILL the rank on hvd-b mid-epoch; hvd-a finishes alone."""
     hostfile, out = tmp_path / "hosts", tmp_path / "run"

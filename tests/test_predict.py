@@ -120,6 +120,26 @@ def test_validate_checks_every_cell_of_the_link_study():
     assert re.search(r"within \+-10 %: \d+ of 16 cells", ran.output), ran.describe()
 
 
+def test_validate_takes_the_compute_at_the_studys_placement_and_its_hosts():
+    """A study from link_study.py --hosts 4: n is the study's hosts, the compute a plain loop on
+    every host at once (base_placed, slower than one rank alone: they share the cores), and
+    comm = 2(n-1)/n x bytes / busbw with busbw = algbw x 2(n-1)/n, i.e. the bytes over the algbw."""
+    study = json.loads(STUDY.read_text())
+    placed = {model: rate / 2.5 for model, rate in study["base_one_rank"].items()}
+    four = {**study, "hosts": 4, "base_placed": placed}
+
+    class Options:
+        overlap, backward_share, latency_us = 1.0, 2 / 3, 50.0
+
+    for cell, row in zip(bounds.cells(four, Options, cast=1.5e9), four["rows"]):
+        model, batch, _ = bounds.model_settings(four["models"][row["model"]])
+        width = 2 if row["fp16_allreduce"] else 4
+        params = sum(predict.gradient_tensors(model))
+        assert cell["nodes"] == 4 and cell["compute_s"] == pytest.approx(batch / placed[row["model"]])
+        assert cell["measured_s"] == pytest.approx(4 * batch / row["total"])
+        assert cell["comm_s"] == pytest.approx(width * params / (row["link_algbw_gbps"] * 1e9))
+
+
 # Every `benchmark.py predict` command the docs show, as written (a comment after it dropped).
 DOC_COMMANDS = sorted({match.split("#")[0].strip() for page in ("benchmark.md", "performance.md")
                        for match in re.findall(r"\.venv/bin/python scripts/benchmark\.py predict [^`\n]*",

@@ -1,17 +1,20 @@
 #!/usr/bin/env python
-"""Scaling across a shaped link, on two simulated hosts (the README's Performance section).
+"""Scaling across a shaped link, on two or four simulated hosts (docs/performance.md).
 
     .venv/bin/python tools/link_study.py --output-dir runs/link-study     # as root
+    .venv/bin/python tools/link_study.py --hosts 4 --fusion-mb 128 --output-dir runs/link-study-4
 
-Builds hvd-a and hvd-b (tests/support/hosts.py: two network namespaces on a
-bridge, each with sshd), limits the link with tc's token-bucket filter in
+Builds hvd-a, hvd-b (hvd-c, hvd-d) (tests/support/hosts.py: network namespaces on a
+bridge, each with sshd), limits each host's link with tc's token-bucket filter in
 both directions, and runs ``scripts/benchmark.py train`` with one rank per host
 under ``horovodrun --mpi`` (or ``--gloo``) for each link rate, model, gradient compression and
-fusion threshold, plus one single-rank run per model (the efficiency base).
+fusion threshold, plus per model one single-rank run (the efficiency base) and
+one plain loop per host all at once (the compute at the study's placement,
+the bound's compute: benchmark.py predict --validate).
 Before each rate, a 64 MiB allreduce checks what the link really carries.
 Writes study.json, study.md (the table) and study.png.
 
-Both "hosts" share this machine's cores, one thread per rank. netem is not in
+All "hosts" share this machine's cores, one thread per rank. netem is not in
 every kernel (not in this machine's): then only the rate is shaped and the
 round-trip time is the veth pairs' and the bridge's own (tens of microseconds).
 """
@@ -19,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +43,7 @@ TIMING = ["--warmup-steps", "1", "--window-steps", "2", "--windows", "3", "--thr
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", type=Path, default=Path("runs/link-study"), help="results")
+    parser.add_argument("--hosts", type=int, choices=[2, 4], default=2, help="simulated hosts, one rank each")
     parser.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"], help="tc rates ('none': unshaped)")
     parser.add_argument("--models", nargs="+", choices=list(MODEL_ARGS), default=["resnet50", "bert-base"],
                         help="what to train")
@@ -74,19 +79,48 @@ def parse_rate(rate):
     raise SystemExit(f"link_study.py: error: rate {rate!r}: use e.g. 1gbit, 500mbit, none")
 
 
-def on_two_hosts(hosts, np, arguments, args):
-    # One rank stays on hvd-a (horovodrun's local host); two use one slot on each host.
-    hosts_args = [] if np == 1 else ["-H", "hvd-a:1,hvd-b:1", "--network-interface", INTERFACE]
+def on_hosts(hosts, np, arguments, args):
+    # One rank stays on hvd-a (horovodrun's local host); more use one slot on each host.
+    slots = ",".join(f"{name}:1" for name in hosts.names[:np])
+    hosts_args = [] if np == 1 else ["-H", slots, "--network-interface", INTERFACE]
     command = ["horovodrun", "-np", str(np), *hosts_args, f"--{args.controller}", sys.executable, BENCH, *arguments]
-    ran = launch(hosts.on_first(command), timeout=args.timeout, env=hosts.env())
+    return checked(launch(hosts.on_first(command), timeout=args.timeout, env=hosts.env()))
+
+
+def checked(ran):
     if ran.returncode != 0 or ran.timed_out:
         raise SystemExit(f"link_study.py: error: a launch failed:\n{ran.describe()}")
     return ran
 
 
+def placed_compute(hosts, model, directory, args):
+    """One plain loop (`--baseline none`, no communication) on every host at once: each
+    rank's throughput where the study's ranks compute, sharing what they share (here
+    the machine's cores). The bound's compute comes from these, not from one rank alone."""
+    outputs = [directory / f"{model}-placed-{name}.json" for name in hosts.names]
+    runs = [["train", *MODEL_ARGS[model], *TIMING, "--baseline", "none", "--output", output] for output in outputs]
+    launched = [None] * len(runs)
+
+    def run(index):
+        command = hosts.on(hosts.names[index], [sys.executable, BENCH, *runs[index]])
+        launched[index] = launch(command, timeout=args.timeout, env=hosts.env())
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(runs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for ran in launched:
+        checked(ran)
+    rates = [json.loads(output.read_text())["total"]["median"] for output in outputs]
+    print(f"  {model}: {len(rates)} plain loops at once, per loop " + " ".join(f"{rate:.3f}" for rate in rates),
+          flush=True)
+    return rates
+
+
 def link_check(hosts, rate, directory, args):
     output = directory / f"allreduce-{rate}.json"
-    on_two_hosts(hosts, 2, ["allreduce", "--min-bytes", "64M", "--max-bytes", "64M", "--dtypes", "float32",
+    on_hosts(hosts, args.hosts, ["allreduce", "--min-bytes", "64M", "--max-bytes", "64M", "--dtypes", "float32",
                             "--libraries", "horovod", "--seconds", "2", "--threads", "1", "--output", output],
                  args)
     (row,) = json.loads(output.read_text())["rows"]
@@ -95,7 +129,7 @@ def link_check(hosts, rate, directory, args):
 
 def train(hosts, np, model, extra, output, args):
     started = time.monotonic()
-    on_two_hosts(hosts, np, ["train", *MODEL_ARGS[model], *TIMING, *extra, "--output", output], args)
+    on_hosts(hosts, np, ["train", *MODEL_ARGS[model], *TIMING, *extra, "--output", output], args)
     result = json.loads(output.read_text())
     print(f"  {output.name}: {result['total']['median']:.2f} {result['unit']} "
           f"({time.monotonic() - started:.0f} s)", flush=True)
@@ -108,6 +142,7 @@ def study(args, hosts):
     shape(hosts, "none")
     base = {model: train(hosts, 1, model, [], directory / f"{model}-np1.json", args)["total"]["median"]
             for model in args.models}
+    placed = {model: placed_compute(hosts, model, directory, args) for model in args.models}
     rows = []
     for rate in args.rates:
         shape(hosts, rate)
@@ -120,7 +155,7 @@ def study(args, hosts):
                 extra = ["--fusion-threshold-mb", str(fusion)] + (["--fp16-allreduce"] if fp16 else [])
                 suffix = f"-round{round_index}" if args.rounds > 1 else ""
                 name = f"{model}-{rate}-fusion{fusion}{'-fp16' if fp16 else ''}{suffix}.json"
-                result = train(hosts, 2, model, extra, directory / name, args)
+                result = train(hosts, args.hosts, model, extra, directory / name, args)
                 totals[(model, fusion, fp16)].append(result)
         for (model, fusion, fp16), results in totals.items():
             rounds = sorted(result["total"]["median"] for result in results)
@@ -130,10 +165,13 @@ def study(args, hosts):
             rows.append({"rate": rate, "link_algbw_gbps": measured, "model": model, "fusion_mb": fusion,
                          "fp16_allreduce": fp16, "total": total, "unit": results[0]["unit"],
                          "spread": spread, "rounds": [result["total"]["median"] for result in results],
-                         "efficiency": total / (2 * base[model])})
+                         "efficiency": total / (args.hosts * base[model])})
     shape(hosts, "none")
-    summary = {"controller": args.controller, "base_one_rank": base, "rows": rows, "timing": TIMING, "models": {m: MODEL_ARGS[m] for m in args.models},
-               "command": " ".join(sys.argv)}
+    summary = {"controller": args.controller, "hosts": args.hosts, "base_one_rank": base,
+               # per-rank throughput with a plain loop on every host at once; the bound's compute
+               "base_placed": {model: statistics.mean(rates) for model, rates in placed.items()},
+               "placed_loops": placed, "rows": rows, "timing": TIMING,
+               "models": {m: MODEL_ARGS[m] for m in args.models}, "command": " ".join(sys.argv)}
     (directory / "study.json").write_text(json.dumps(summary, indent=1) + "\n")
     (directory / "study.md").write_text(table(summary))
     plot(summary, directory / "study.png")
@@ -147,7 +185,9 @@ def table(summary):
                      f"{row['fusion_mb']} MiB | {'yes' if row['fp16_allreduce'] else 'no'} | "
                      f"{row['total']:.2f} {row['unit']} | {row['efficiency']:.2f} |")
     bases = ", ".join(f"{model} {value:.2f}" for model, value in summary["base_one_rank"].items())
-    return "\n".join(lines) + f"\n\nOne rank, unshaped: {bases} (per second).\n"
+    placed = ", ".join(f"{model} {value:.2f}" for model, value in summary["base_placed"].items())
+    return "\n".join(lines) + (f"\n\nOne rank, unshaped: {bases} (per second). One plain loop on each of the "
+                               f"{summary['hosts']} hosts at once, per loop: {placed}.\n")
 
 
 def plot(summary, path):
@@ -165,7 +205,9 @@ def plot(summary, path):
                                and r["fp16_allreduce"] == fp16) for rate in rates]
                 axis.plot(rates, points, "o-" if fp16 else "s--",
                           label=f"fusion {fusion} MiB{', fp16' if fp16 else ''}")
-        axis.set(title=model, xlabel="link rate", ylabel="efficiency T(2) / (2 T(1))", ylim=(0, 1.1))
+        n = summary["hosts"]
+        axis.set(title=f"{model}, {n} hosts", xlabel="link rate", ylabel=f"efficiency T({n}) / ({n} T(1))",
+                 ylim=(0, 1.1))
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.tight_layout()
@@ -175,7 +217,7 @@ def plot(summary, path):
 def main():
     args = parse_args()
     require_hosts()
-    hosts = Hosts(["hvd-a", "hvd-b"], "10.77.0").start()
+    hosts = Hosts([f"hvd-{letter}" for letter in "abcd"[:args.hosts]], "10.77.0").start()
     try:
         study(args, hosts)
     finally:

@@ -2,7 +2,9 @@
 study.json) against its bound and against the prediction.
 
 Per cell, from the study alone and the models' own gradients:
-  compute C     the batch over one unshaped rank's throughput (base_one_rank)
+  compute C     the batch over a rank's throughput at the study's placement: a plain
+                loop on every host at once (base_placed); in older studies, one
+                unshaped rank alone (base_one_rank), which shares nothing
   comm          2(n-1)/n x gradient bytes / busbw, busbw from the 64 MiB allreduce
                 the study measured on that link (algbw; busbw = algbw x 2(n-1)/n)
   bound         max(C, comm): perfect overlap, no latency; no overlap is C + comm
@@ -33,8 +35,8 @@ def cells(study, args, cast):
         if model not in gradients:
             gradients[model] = predict.gradient_tensors(model, vocab)
         base = study["base_one_rank"][row["model"]]
-        nodes = round(row["total"] / (row["efficiency"] * base))  # efficiency = total / (n x base)
-        compute, measured = batch / base, nodes * batch / row["total"]
+        nodes = study.get("hosts") or round(row["total"] / (row["efficiency"] * base))  # efficiency = total / (n x base)
+        compute, measured = batch / compute_base(study, row["model"]), nodes * batch / row["total"]
         width = 2 if row["fp16_allreduce"] else 4
         tensors = [width * count for count in gradients[model]]
         busbw = predict.bus_bandwidth(row["link_algbw_gbps"] * 1e9, nodes)
@@ -51,13 +53,22 @@ def cells(study, args, cast):
     return rows
 
 
+def compute_base(study, model):
+    """A rank's throughput for the bound's compute: at the study's placement where it measured it."""
+    return study.get("base_placed", study["base_one_rank"])[model]
+
+
 def validate(args):
     """benchmark.py predict --validate STUDY_JSON: the two tables."""
     cast, cast_said = predict.cast_bandwidth(args)
     study = json.loads(args.validate.read_text())
     rows = cells(study, args, cast)
-    print(f"{args.validate}: {len(rows)} cells, {rows[0]['nodes']} ranks, one run each")
-    print("\nAgainst the bound max(compute, comm) (busbw = algbw at 2 ranks):\n")
+    rounds = len(study["rows"][0].get("rounds") or [None])
+    placed = ("a plain loop on every host at once" if "base_placed" in study
+              else "one rank alone (this study did not run them at its placement)")
+    print(f"{args.validate}: {len(rows)} cells, {rows[0]['nodes']} ranks, {rounds} run(s) each (the median)")
+    print(f"\nAgainst the bound max(compute, comm); compute: {placed}; "
+          f"busbw = algbw x 2(n-1)/n = {2 * (rows[0]['nodes'] - 1) / rows[0]['nodes']:g} x algbw:\n")
     print("| link | model | fusion MiB | fp16 | measured s | compute s | comm s | bound s | no overlap s "
           "| bound / measured |")
     print("|---|---|---|---|---|---|---|---|---|---|")
