@@ -175,6 +175,8 @@ def test_compare_runs_every_kind_interleaved_and_reports_ratios(tmp_path):
     assert data["ratios"]["weak scaling 1 -> 2"] == medians["horovod"] / (2 * medians["horovod_1"])
     assert data["ratios"]["ddp weak scaling 1 -> 2"] == medians["ddp"] / (2 * medians["none"])
     assert data["ratios"]["ceiling: 2 independent / (2 x none)"] == medians["independent"] / (2 * medians["none"])
+    assert data["ratios"]["horovod / 2 independent"] == medians["horovod"] / medians["independent"]
+    assert data["ratios"]["ddp / 2 independent"] == medians["ddp"] / medians["independent"]
     assert data["horovod_over_ddp_per_round"] == [data["rates"]["horovod"][0] / data["rates"]["ddp"][0]]
     # The independent kind: two plain processes, each its own result, summed.
     alone = [result(out / f"independent-0-{index}.json") for index in (0, 1)]
@@ -184,7 +186,7 @@ def test_compare_runs_every_kind_interleaved_and_reports_ratios(tmp_path):
     assert horovod["knobs"]["HOROVOD_CYCLE_TIME"] == "2.0" and horovod["controller"] == "mpi"
     assert "HOROVOD_CYCLE_TIME" not in result(out / "ddp-0.json")["environment"]["knobs"]
     for name in ("horovod / ddp", "horovod_1 / none", "weak scaling 1 -> 2", "ddp weak scaling 1 -> 2",
-                 "ceiling: 2 independent / (2 x none)"):
+                 "ceiling: 2 independent / (2 x none)", "horovod / 2 independent", "ddp / 2 independent"):
         assert re.search(rf"^{re.escape(name)}: [\d.]+$", run.output, re.MULTILINE), run.describe()
 
 

@@ -16,6 +16,7 @@ from support.launch import REPO, SCRIPTS, launch, python
 
 BENCH = SCRIPTS / "benchmark.py"
 STUDY = REPO / "docs" / "performance" / "link-study.json"
+FOUR_HOSTS = REPO / "docs" / "performance" / "link-study-4-hosts"  # a whole run: every result file
 ROW = re.compile(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", re.M)
 
 
@@ -138,6 +139,42 @@ def test_validate_takes_the_compute_at_the_studys_placement_and_its_hosts():
         assert cell["nodes"] == 4 and cell["compute_s"] == pytest.approx(batch / placed[row["model"]])
         assert cell["measured_s"] == pytest.approx(4 * batch / row["total"])
         assert cell["comm_s"] == pytest.approx(width * params / (row["link_algbw_gbps"] * 1e9))
+
+
+def test_a_link_studys_summary_is_computed_from_its_result_files(tmp_path):
+    """link_study.py --summarize-only over the four-host study's result files, with the options it
+    ran with, writes the study.json the docs quote: no figure of it was written by hand."""
+    committed = json.loads((FOUR_HOSTS / "study.json").read_text())
+    for result in FOUR_HOSTS.glob("*.json"):
+        if result.name != "study.json":
+            (tmp_path / result.name).write_text(result.read_text())
+    options = shlex.split(committed["command"])[1:]
+    at = options.index("--output-dir")
+    options[at + 1] = str(tmp_path)
+    ran = python([REPO / "tools" / "link_study.py", *options, "--summarize-only"], timeout=120)
+    assert ran.returncode == 0, ran.describe()
+    again = json.loads((tmp_path / "study.json").read_text())
+    assert again["command"] == committed["command"] and "--summarize-only" in again["summarized_by"]
+    for key in ("hosts", "base_one_rank", "base_placed", "placed_cpu_cores_per_rank", "rows"):
+        assert again[key] == committed[key], key
+
+
+def test_validate_says_where_a_step_goes_on_shared_cores():
+    """Per cell: CPU seconds per rank-step (the cell's busy cores x its step) against the plain
+    loop's at the same placement; the rest is communication's; the machine's share busy."""
+    study = json.loads((FOUR_HOSTS / "study.json").read_text())
+
+    class Options:
+        overlap, backward_share, latency_us = 1.0, 2 / 3, 50.0
+
+    for cell, row in zip(bounds.cells(study, Options, cast=1.5e9), study["rows"]):
+        loop = study["placed_cpu_cores_per_rank"][row["model"]]
+        assert cell["cpu_s"] == pytest.approx(row["cpu_cores_per_rank"] * cell["measured_s"])
+        assert cell["loop_cpu_s"] == pytest.approx(loop * cell["compute_s"])
+        assert cell["extra_cpu_s"] == pytest.approx(cell["cpu_s"] - cell["loop_cpu_s"])
+        assert cell["machine_busy"] == pytest.approx(4 * row["cpu_cores_per_rank"] / study["machine_cores"])
+    ran = python([BENCH, "predict", "--validate", FOUR_HOSTS / "study.json", "--cast-gbps", "1.5"], timeout=180)
+    assert ran.returncode == 0 and "Where a step goes on the 2 cores the 4 ranks share" in ran.output, ran.describe()
 
 
 # Every `benchmark.py predict` command the docs show, as written (a comment after it dropped).

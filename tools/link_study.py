@@ -54,6 +54,8 @@ def parse_args():
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of every cell, interleaved (round 2 after all of round 1 at that rate); "
                              "a cell's total is the median, its spread the rounds' range")
+    parser.add_argument("--summarize-only", action="store_true",
+                        help="no launches: study.json, .md and .png again from --output-dir's result files")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per launch")
     return parser.parse_args()
 
@@ -115,7 +117,6 @@ def placed_compute(hosts, model, directory, args):
     rates = [json.loads(output.read_text())["total"]["median"] for output in outputs]
     print(f"  {model}: {len(rates)} plain loops at once, per loop " + " ".join(f"{rate:.3f}" for rate in rates),
           flush=True)
-    return rates
 
 
 def link_check(hosts, rate, directory, args):
@@ -137,45 +138,76 @@ def train(hosts, np, model, extra, output, args):
 
 
 def study(args, hosts):
+    """Every launch, each writing its result file in the output directory; then the summary."""
     directory = args.output_dir
     directory.mkdir(parents=True, exist_ok=True)
     shape(hosts, "none")
-    base = {model: train(hosts, 1, model, [], directory / f"{model}-np1.json", args)["total"]["median"]
-            for model in args.models}
-    placed = {model: placed_compute(hosts, model, directory, args) for model in args.models}
-    rows = []
+    for model in args.models:
+        train(hosts, 1, model, [], directory / f"{model}-np1.json", args)
+        placed_compute(hosts, model, directory, args)
     for rate in args.rates:
         shape(hosts, rate)
         measured = link_check(hosts, rate, directory, args)
         print(f"link {rate}: a 64 MiB allreduce moves {measured:.3f} GB/s (algbw)", flush=True)
-        cells = [(model, fusion, fp16) for model in args.models for fusion in args.fusion_mb for fp16 in (False, True)]
-        totals = {cell: [] for cell in cells}
         for round_index in range(args.rounds):  # interleaved: each cell's rounds see the machine at other times
-            for model, fusion, fp16 in cells:
+            for model, fusion, fp16 in cells(args):
                 extra = ["--fusion-threshold-mb", str(fusion)] + (["--fp16-allreduce"] if fp16 else [])
-                suffix = f"-round{round_index}" if args.rounds > 1 else ""
-                name = f"{model}-{rate}-fusion{fusion}{'-fp16' if fp16 else ''}{suffix}.json"
-                result = train(hosts, args.hosts, model, extra, directory / name, args)
-                totals[(model, fusion, fp16)].append(result)
-        for (model, fusion, fp16), results in totals.items():
+                train(hosts, args.hosts, model, extra, directory / cell_file(rate, model, fusion, fp16, round_index, args),
+                      args)
+    shape(hosts, "none")
+    summarize(args)
+
+
+def cells(args):
+    return [(model, fusion, fp16) for model in args.models for fusion in args.fusion_mb for fp16 in (False, True)]
+
+
+def cell_file(rate, model, fusion, fp16, round_index, args):
+    suffix = f"-round{round_index}" if args.rounds > 1 else ""
+    return f"{model}-{rate}-fusion{fusion}{'-fp16' if fp16 else ''}{suffix}.json"
+
+
+def summarize(args):
+    """study.json, study.md and study.png from the run's result files (--summarize-only: again,
+    from a finished run's directory, with the same options)."""
+    directory = args.output_dir
+    read = lambda name: json.loads((directory / name).read_text())  # noqa: E731
+    names = host_names(args.hosts)
+    base = {model: read(f"{model}-np1.json")["total"]["median"] for model in args.models}
+    placed = {model: [read(f"{model}-placed-{name}.json") for name in names] for model in args.models}
+    rows = []
+    for rate in args.rates:
+        (link,) = read(f"allreduce-{rate}.json")["rows"]
+        for model, fusion, fp16 in cells(args):
+            results = [read(cell_file(rate, model, fusion, fp16, index, args)) for index in range(args.rounds)]
             rounds = sorted(result["total"]["median"] for result in results)
             total = statistics.median(rounds)
             spread = ([results[0]["total"]["min"], results[0]["total"]["max"]] if len(results) == 1
                       else [rounds[0], rounds[-1]])
-            rows.append({"rate": rate, "link_algbw_gbps": measured, "model": model, "fusion_mb": fusion,
+            rows.append({"rate": rate, "link_algbw_gbps": link["algbw_gbps"], "model": model, "fusion_mb": fusion,
                          "fp16_allreduce": fp16, "total": total, "unit": results[0]["unit"],
                          "spread": spread, "rounds": [result["total"]["median"] for result in results],
+                         "cpu_cores_per_rank": statistics.mean(result["cpu_cores_per_rank"] for result in results),
                          "efficiency": total / (args.hosts * base[model])})
-    shape(hosts, "none")
-    summary = {"controller": args.controller, "hosts": args.hosts, "base_one_rank": base,
-               # per-rank throughput with a plain loop on every host at once; the bound's compute
-               "base_placed": {model: statistics.mean(rates) for model, rates in placed.items()},
-               "placed_loops": placed, "rows": rows, "timing": TIMING,
+    summary = {"controller": args.controller, "hosts": args.hosts, "machine_cores": read(
+                   f"{args.models[0]}-np1.json")["environment"]["cpu_count"], "base_one_rank": base,
+               # per-rank throughput and CPU with a plain loop on every host at once: the bound's compute
+               "base_placed": {model: statistics.mean(r["total"]["median"] for r in runs) for model, runs in placed.items()},
+               "placed_cpu_cores_per_rank": {model: statistics.mean(r["cpu_cores_per_rank"] for r in runs)
+                                             for model, runs in placed.items()},
+               "placed_loops": {model: [r["total"]["median"] for r in runs] for model, runs in placed.items()},
+               "rows": rows, "timing": TIMING,
                "models": {m: MODEL_ARGS[m] for m in args.models}, "command": " ".join(sys.argv)}
+    if args.summarize_only and (directory / "study.json").is_file():  # the command that measured
+        summary = {**summary, "command": read("study.json")["command"], "summarized_by": " ".join(sys.argv)}
     (directory / "study.json").write_text(json.dumps(summary, indent=1) + "\n")
     (directory / "study.md").write_text(table(summary))
     plot(summary, directory / "study.png")
     print(table(summary), flush=True)
+
+
+def host_names(count):
+    return [f"hvd-{letter}" for letter in "abcd"[:count]]
 
 
 def table(summary):
@@ -216,8 +248,10 @@ def plot(summary, path):
 
 def main():
     args = parse_args()
+    if args.summarize_only:
+        return summarize(args)
     require_hosts()
-    hosts = Hosts([f"hvd-{letter}" for letter in "abcd"[:args.hosts]], "10.77.0").start()
+    hosts = Hosts(host_names(args.hosts), "10.77.0").start()
     try:
         study(args, hosts)
     finally:

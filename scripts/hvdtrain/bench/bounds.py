@@ -10,6 +10,10 @@ Per cell, from the study alone and the models' own gradients:
   bound         max(C, comm): perfect overlap, no latency; no overlap is C + comm
   measured      n x batch / the cell's total throughput
 The fraction of the bound is bound / measured step (1.0: the step is the bound).
+Where the study recorded CPU (link_study.py since --hosts), a third table says where
+the step goes on the cores the ranks share: CPU seconds per rank-step against the
+plain loop's, the rest being communication's work on those same cores (TCP over the
+link, MPI and Horovod's threads, which poll while they wait), and how busy the machine's cores were.
 The prediction is predict's model with the options given (--overlap,
 --backward-share, --latency-us, --cast-gbps); its error is predicted / measured - 1.
 """
@@ -45,6 +49,7 @@ def cells(study, args, cast):
         fused = predict.communication_seconds(tensors, row["fusion_mb"] * MIB, nodes, busbw, latency)
         predicted = predict.step_seconds(compute, fused, args.backward_share, args.overlap, casts)
         rows.append({**{key: row[key] for key in ("rate", "model", "fusion_mb", "fp16_allreduce")},
+                     **cpu_use(study, row, nodes, compute, measured),
                      "nodes": nodes, "measured_s": measured, "compute_s": compute, "comm_s": comm,
                      "bound_s": max(compute, comm), "no_overlap_s": compute + comm,
                      "fraction_of_bound": max(compute, comm) / measured,
@@ -53,13 +58,24 @@ def cells(study, args, cast):
     return rows
 
 
+def cpu_use(study, row, nodes, compute, measured):
+    """CPU seconds per rank-step of the cell and of the plain loop at its placement, and the
+    share of the machine's cores the cell's ranks kept busy; {} for a study without them."""
+    if "cpu_cores_per_rank" not in row or "placed_cpu_cores_per_rank" not in study:
+        return {}
+    cell_cpu = row["cpu_cores_per_rank"] * measured
+    loop_cpu = study["placed_cpu_cores_per_rank"][row["model"]] * compute
+    return {"cpu_s": cell_cpu, "loop_cpu_s": loop_cpu, "extra_cpu_s": cell_cpu - loop_cpu,
+            "machine_busy": nodes * row["cpu_cores_per_rank"] / study["machine_cores"]}
+
+
 def compute_base(study, model):
     """A rank's throughput for the bound's compute: at the study's placement where it measured it."""
     return study.get("base_placed", study["base_one_rank"])[model]
 
 
 def validate(args):
-    """benchmark.py predict --validate STUDY_JSON: the two tables."""
+    """benchmark.py predict --validate STUDY_JSON: the tables."""
     cast, cast_said = predict.cast_bandwidth(args)
     study = json.loads(args.validate.read_text())
     rows = cells(study, args, cast)
@@ -82,6 +98,15 @@ def validate(args):
     for row in rows:
         print(f"| {label(row)} | {row['allreduces']} | {row['measured_s']:.3f} | {row['predicted_s']:.3f} | "
               f"{row['error'] * 100:+.0f} % |")
+    if "cpu_s" in rows[0]:
+        print(f"\nWhere a step goes on the {study['machine_cores']} cores the {rows[0]['nodes']} ranks share "
+              "(CPU seconds per rank and step):\n")
+        print("| link | model | fusion MiB | fp16 | measured s | CPU s | plain loop's CPU s | the rest: "
+              "communication's CPU s, polling included | machine's cores busy |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for row in rows:
+            print(f"| {label(row)} | {row['measured_s']:.3f} | {row['cpu_s']:.3f} | {row['loop_cpu_s']:.3f} | "
+                  f"{row['extra_cpu_s']:+.3f} | {row['machine_busy']:.2f} |")
     within = sum(abs(row["error"]) <= 0.10 for row in rows)
     mean = sum(abs(row["error"]) for row in rows) / len(rows)
     print(f"\nwithin +-10 %: {within} of {len(rows)} cells; mean |error| {mean * 100:.0f} %")

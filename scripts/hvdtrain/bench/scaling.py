@@ -199,7 +199,10 @@ def run_compare(args):
               f"weak scaling 1 -> {n}": medians["horovod"] / (n * medians["horovod_1"]),
               f"ddp weak scaling 1 -> {n}": medians["ddp"] / (n * medians["none"]),
               # No communication at all: what sharing the machine alone leaves of n x one.
-              f"ceiling: {n} independent / ({n} x none)": medians["independent"] / (n * medians["none"])}
+              f"ceiling: {n} independent / ({n} x none)": medians["independent"] / (n * medians["none"]),
+              # Each against that ceiling, its bound: how much of what is left each one reaches.
+              f"horovod / {n} independent": medians["horovod"] / medians["independent"],
+              f"ddp / {n} independent": medians["ddp"] / medians["independent"]}
     # Drift between rounds hits the kinds of one round alike: the spread of the
     # per-round ratios says how far the median ratio can be trusted.
     per_round = [horovod / ddp for horovod, ddp in zip(rates["horovod"], rates["ddp"])]
