@@ -109,7 +109,7 @@ OTHER_PROGRAMS = {
     "tools/make_synthetic_shards.py": {"--tokenizer", "--shards", "--rows"},
     "tools/measure_prepare_rate.py": {"--megabytes", "--repeat"},
     "tools/measure_balance.py": {"--share", "--rounds"},
-    "tools/link_study.py": {"--hosts", "--rates", "--models", "--fusion-mb", "--rounds"},
+    "tools/link_study.py": {"--hosts", "--rates", "--models", "--fusion-mb", "--rounds", "--summarize-only"},
     "tools/scale_study.py": {"--ranks", "--hosts", "--steps", "--no-elastic", "--json"},
 }
 
