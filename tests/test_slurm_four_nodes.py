@@ -127,22 +127,23 @@ def test_pretrain_bert_16_ranks_under_srun_equal_one_worker(four_node_slurm, fou
                                      env={**four_hosts.env(), "LAUNCHER": "srun"})
         info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
         text = log.read_text(errors="replace")
-        if attempt or not open_mpi_shared_memory_failed_at_start(info, text, out):
+        if attempt or not open_mpi_failed_at_start(info, text, out):
             break
-        print(f"job {job}: Open MPI's shared memory set-up failed at start-up; submitted again\n{text}")
+        print(f"job {job}: Open MPI failed at start-up; submitted again\n{text}")
     assert info["JobState"] == "COMPLETED", f"{info}\n{text}"
     assert f"4 node(s) node[1-4], {RANKS} ranks, 1 thread(s) each" in text, text
     assert_same_weights_as(out, reference, BERT_COMPARED_STEPS)
 
 
-def open_mpi_shared_memory_failed_at_start(info, text, out):
+def open_mpi_failed_at_start(info, text, out):
     """The intermittent start-up failure of Open MPI 4.1 under srun on these simulated nodes
-    (seen twice in about ten suite runs, 2026-11-25 and 26; not understood): a rank's shared
-    memory set-up fails (open(2): ENOENT, a peer's segment file) and the rank segfaults before
-    training starts (ompi issue 5262 describes the same failure). One resubmission, for the one
-    test whose job must complete; docs/testing.md."""
-    return (info.get("ExitCode") == "139:0" and "A system call failed during shared memory initialization" in text
-            and not any(out.glob("step-*.pt")))
+    (seen three times in about eleven suite runs, 2026-11-25 to 27; not understood): a rank
+    segfaults before training starts, twice after its shared memory set-up failed (open(2):
+    ENOENT, a peer's segment file; ompi issue 5262 describes the same failure), once with
+    srun's line alone. One resubmission, for the tests whose job must start; docs/testing.md."""
+    segfault = ("A system call failed during shared memory initialization" in text
+                or re.search(r"^srun: error: node\d+: tasks? [\d-]+: Segmentation fault", text, re.M))
+    return info.get("ExitCode") == "139:0" and bool(segfault) and not any(out.glob("step-*.pt"))
 
 
 def assert_one_line_naming_node4(log):
@@ -201,12 +202,21 @@ def test_a_node_that_vanishes_under_srun_ends_the_job_and_the_last_checkpoint_re
     tasks, no rank adds a line of its own beyond rank 0's, and the job submitted again resumes
     from the last checkpoint."""
     out = tmp_path / "run"
-    job = srun_job(four_node_slurm, four_hosts, tmp_path / "job.out", out, {})
-    four_node_slurm.wait_for(job, lambda info: any(out.glob("step-*.pt")) or info.get("JobState") not in (
-        "PENDING", "RUNNING", "CONFIGURING"), "checkpointed", JOB_TIMEOUT)
+    for attempt in range(2):
+        job_out = tmp_path / f"job{attempt}.out"
+        job = srun_job(four_node_slurm, four_hosts, job_out, out, {})
+        four_node_slurm.wait_for(job, lambda info: any(out.glob("step-*.pt")) or info.get("JobState") not in (
+            "PENDING", "RUNNING", "CONFIGURING"), "checkpointed", JOB_TIMEOUT)
+        if any(out.glob("step-*.pt")):
+            break
+        info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
+        text = job_out.read_text(errors="replace")
+        if attempt or not open_mpi_failed_at_start(info, text, out):
+            pytest.fail(f"job {job} ended before its first checkpoint: {info}\n{text}", pytrace=False)
+        print(f"job {job}: Open MPI failed at start-up; submitted again\n{text}")
     four_hosts.vanish("node4", "train_cnn.py")
     info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
-    log = (tmp_path / "job.out").read_text(errors="replace")
+    log = job_out.read_text(errors="replace")
     assert info["JobState"] == "FAILED", f"{info}\n{log}"
     assert "node4" in log and len(re.findall(r"rank \d+: error:", log)) <= 1, log
     assert "Traceback" not in log and "terminate called" not in log, log
