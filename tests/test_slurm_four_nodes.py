@@ -119,20 +119,41 @@ def test_pretrain_bert_16_ranks_under_srun_equal_one_worker(four_node_slurm, fou
     """sbatch --nodes=4 --ntasks-per-node=4 slurm/pretrain_bert.sbatch under srun: 16 ranks x 1
     sequence train the weights of one worker x 16 (support/sixteen_ranks.py's BERT workload)."""
     common, reference = bert_reference(tmp_path, JOB_TIMEOUT)
-    for attempt in range(2):
+
+    def submit(attempt):
         out, log = tmp_path / f"run{attempt}", tmp_path / f"job{attempt}.out"
-        job = four_node_slurm.sbatch(["--output", log, "--nodes=4", "--ntasks-per-node=4", "--exclusive",
-                                      SLURM / "pretrain_bert.sbatch",
-                                      *map(str, [*common, "--batch-size", 1, "--output-dir", out])],
-                                     env={**four_hosts.env(), "LAUNCHER": "srun"})
-        info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
+        return four_node_slurm.sbatch(["--output", log, "--nodes=4", "--ntasks-per-node=4", "--exclusive",
+                                       SLURM / "pretrain_bert.sbatch",
+                                       *map(str, [*common, "--batch-size", 1, "--output-dir", out])],
+                                      env={**four_hosts.env(), "LAUNCHER": "srun"}), log, out
+
+    job, log, out = past_open_mpi_start(four_node_slurm, submit)
+    info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
+    text = log.read_text(errors="replace")
+    assert info["JobState"] == "COMPLETED", f"{info}\n{text}"
+    assert f"4 node(s) node[1-4], {RANKS} ranks, 1 thread(s) each" in text, text
+    assert_same_weights_as(out, reference, BERT_COMPARED_STEPS)
+
+
+def past_open_mpi_start(cluster, submit, checkpointed=False):
+    """``submit(attempt)`` -> (job, its log, its output directory); the job waited for until it
+    ended, or with ``checkpointed`` until its first checkpoint, and submitted once more when
+    Open MPI failed at start-up (below). (job, log, output directory) of the job that started."""
+    for attempt in range(2):
+        job, log, out = submit(attempt)
+        if checkpointed:
+            cluster.wait_for(job, lambda info: any(out.glob("step-*.pt")) or info.get("JobState") not in (
+                "PENDING", "RUNNING", "CONFIGURING"), "checkpointed", JOB_TIMEOUT)
+            if any(out.glob("step-*.pt")):
+                return job, log, out
+        info = cluster.wait_for_end(job, JOB_TIMEOUT)
         text = log.read_text(errors="replace")
         if attempt or not open_mpi_failed_at_start(info, text, out):
             break
         print(f"job {job}: Open MPI failed at start-up; submitted again\n{text}")
-    assert info["JobState"] == "COMPLETED", f"{info}\n{text}"
-    assert f"4 node(s) node[1-4], {RANKS} ranks, 1 thread(s) each" in text, text
-    assert_same_weights_as(out, reference, BERT_COMPARED_STEPS)
+    if checkpointed:
+        pytest.fail(f"job {job} ended before its first checkpoint: {info}\n{text}", pytrace=False)
+    return job, log, out
 
 
 def open_mpi_failed_at_start(info, text, out):
@@ -202,18 +223,12 @@ def test_a_node_that_vanishes_under_srun_ends_the_job_and_the_last_checkpoint_re
     tasks, no rank adds a line of its own beyond rank 0's, and the job submitted again resumes
     from the last checkpoint."""
     out = tmp_path / "run"
-    for attempt in range(2):
-        job_out = tmp_path / f"job{attempt}.out"
-        job = srun_job(four_node_slurm, four_hosts, job_out, out, {})
-        four_node_slurm.wait_for(job, lambda info: any(out.glob("step-*.pt")) or info.get("JobState") not in (
-            "PENDING", "RUNNING", "CONFIGURING"), "checkpointed", JOB_TIMEOUT)
-        if any(out.glob("step-*.pt")):
-            break
-        info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
-        text = job_out.read_text(errors="replace")
-        if attempt or not open_mpi_failed_at_start(info, text, out):
-            pytest.fail(f"job {job} ended before its first checkpoint: {info}\n{text}", pytrace=False)
-        print(f"job {job}: Open MPI failed at start-up; submitted again\n{text}")
+
+    def submit(attempt):
+        log = tmp_path / f"job{attempt}.out"
+        return srun_job(four_node_slurm, four_hosts, log, out, {}), log, out
+
+    job, job_out, _ = past_open_mpi_start(four_node_slurm, submit, checkpointed=True)
     four_hosts.vanish("node4", "train_cnn.py")
     info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
     log = job_out.read_text(errors="replace")

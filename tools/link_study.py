@@ -122,8 +122,8 @@ def placed_compute(hosts, model, directory, args):
 def link_check(hosts, rate, directory, args):
     output = directory / f"allreduce-{rate}.json"
     on_hosts(hosts, args.hosts, ["allreduce", "--min-bytes", "64M", "--max-bytes", "64M", "--dtypes", "float32",
-                            "--libraries", "horovod", "--seconds", "2", "--threads", "1", "--output", output],
-                 args)
+                                 "--libraries", "horovod", "--seconds", "2", "--threads", "1", "--output", output],
+             args)
     (row,) = json.loads(output.read_text())["rows"]
     return row["algbw_gbps"]
 
