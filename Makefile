@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 TEST_WORKERS ?= 4
 
-.PHONY: setup test-deps demo demo-bert test clean
+.PHONY: setup test-deps demo demo-bert test test-scale clean
 
 setup:
 	bash scripts/setup/setup.sh
@@ -28,12 +28,17 @@ demo-bert: setup
 # The suite mostly waits (launchers, timeouts, Slurm): TEST_WORKERS tests run side by
 # side (pytest-xdist); tests that share a cluster, the two hosts or a module's data
 # stay on one worker (tests/conftest.py). TEST_WORKERS=0 runs them one at a time.
-test: setup test-deps
-	$(VENV)/bin/python -m pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadgroup tests
+# Two tiers (docs/testing.md): `make test` proves every mechanism once at its smallest
+# real scale (what CI runs, about 30 minutes on 2 cores); `make test-scale` runs only
+# the larger forms (16 and 32 ranks on four hosts and four Slurm nodes, the other
+# launchers of each fault, the 2.4 GB checkpoint). Each prints what its tests cost in CPU.
+PYTEST := $(VENV)/bin/python -m pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadgroup tests
 
-# Also the `extended` tests (pytest.ini): about 10 minutes more on 2 cores.
-test-extended: setup test-deps
-	HVDTEST_EXTENDED=1 $(VENV)/bin/python -m pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadgroup tests
+test: setup test-deps
+	$(PYTEST)
+
+test-scale: setup test-deps
+	HVDTEST_TIER=scale $(PYTEST)
 
 clean:
 	rm -rf runs .pytest_cache

@@ -3,10 +3,13 @@
 Under CI=true a missing component fails; elsewhere it skips (support/needs.py).
 """
 import os
+import shutil
+import tempfile
 
 import pytest
 
-from support import machine
+from support import costs, machine
+from support.bert_data import SESSION_DIR_ENV
 from support.needs import cuda_gpus, require_module, require_program
 from support.slurm_cluster import running_on
 from support.hosts import Hosts, require_hosts
@@ -57,31 +60,42 @@ def _hosts(names, subnet):
 
 
 def pytest_configure(config):
-    """Under pytest-xdist, its scheduler for the groups below (support/xdist_groups.py)."""
+    """A directory for what the session makes once (support/bert_data.py's once_per_session);
+    the tests' CPU cost, reported at the end (support/costs.py); under pytest-xdist, its
+    scheduler for the groups below (support/xdist_groups.py). The xdist workers start
+    after this and inherit the environment."""
+    if SESSION_DIR_ENV not in os.environ:
+        os.environ[SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="hvdtest-session-")
+        config.stash[_SESSION_DIR] = os.environ[SESSION_DIR_ENV]
+    config.pluginmanager.register(costs.Costs(), "hvdtest-costs")
     if config.pluginmanager.hasplugin("xdist"):
         from support import xdist_groups
         config.pluginmanager.register(xdist_groups, "hvdtest-xdist-groups")  # its pytest_configure runs now
 
 
-EXTENDED_ENV = "HVDTEST_EXTENDED"  # 1: also the `extended` tests (make test-extended)
+TIER_ENV = "HVDTEST_TIER"  # test (the default: make test), scale (make test-scale) or all
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     """Deselect the `gpu` tests where no CUDA GPU is visible: the one exception to
-    "under CI=true a missing component fails", since CI here has no GPU. Then
-    group the tests that share a fixture for pytest-xdist."""
+    "under CI=true a missing component fails", since CI here has no GPU. Keep the
+    tests of the tier asked for. Then group the tests that share a fixture for
+    pytest-xdist."""
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_tests and cuda_gpus() == 0:
         config.hook.pytest_deselected(items=gpu_tests)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
         config.stash[_GPU_DESELECTED] = len(gpu_tests)
-    extended = [item for item in items if item.get_closest_marker("extended")]
-    if extended and os.environ.get(EXTENDED_ENV) != "1":
-        # Second forms of what the default run already proves on four hosts: together about
-        # 10 minutes on 2 cores, which CI's 90-minute limit does not leave (docs/testing.md).
-        config.hook.pytest_deselected(items=extended)
-        items[:] = [item for item in items if not item.get_closest_marker("extended")]
+    tier = os.environ.get(TIER_ENV, "test")
+    if tier not in ("test", "scale", "all"):
+        raise pytest.UsageError(f"{TIER_ENV}={tier}: choose test, scale or all")
+    if tier != "all":
+        # `scale`: the larger forms (16 and 32 ranks, other launchers of a fault, 2.4 GB) of what
+        # the default tier proves at its smallest real scale (docs/testing.md's table).
+        wanted = [item for item in items if (item.get_closest_marker("scale") is not None) == (tier == "scale")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in wanted])
+        items[:] = wanted
     groups = shared_fixture_groups(items)
     for item, group in groups.items():
         item.add_marker(pytest.mark.xdist_group(group))
@@ -137,4 +151,11 @@ def pytest_terminal_summary(terminalreporter, config):
             "`.venv/bin/python -m pytest -m gpu tests`")
 
 
+def pytest_unconfigure(config):
+    made = config.stash.get(_SESSION_DIR, None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
+
+
 _GPU_DESELECTED = pytest.StashKey[int]()
+_SESSION_DIR = pytest.StashKey[str]()

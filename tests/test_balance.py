@@ -17,6 +17,7 @@ from support.checks import ok
 from support.commands import CNN, PRETRAIN
 from support.launch import horovodrun, launch, wait_then
 from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
+from support.weights import EXACT, assert_same_weights, checkpoint_at
 
 from hvdtrain.data.bert_elastic import RECORD_ENV, cut
 from hvdtrain.data.sampling import BalancedSampler
@@ -67,7 +68,7 @@ def test_a_throttled_rank_gets_a_smaller_share_and_the_weights_equal_one_worker(
     """mpirun, 2 ranks x 16 with rank 1 at a fraction of a core and --balance, against 1 rank x 32 (convnet,
     no BatchNorm): the same weights at steps 30 and 60, though rank 1 trained fewer samples per step."""
     require_cpu_cgroup()
-    common = ["--model", "convnet", "--image-size", "8", "--threads", "1", "--max-steps", "60",
+    common = ["--model", "convnet", "--image-size", "8", *EXACT, "--threads", "1", "--max-steps", "60",
               "--checkpoint-every", "30", "--straggler-interval", "10"]
     balanced, alone = tmp_path / "balanced", tmp_path / "alone"
     with cpu_share(0.1) as share:
@@ -80,13 +81,8 @@ def test_a_throttled_rank_gets_a_smaller_share_and_the_weights_equal_one_worker(
     assert changes and changes[-1][1] < changes[-1][0], run.describe()
     ok(horovodrun(1, [CNN, *common, "--batch-size", "32", "--lr", "0.1", "--output-dir", alone], timeout=240))
     for step in (30, 60):
-        weights = {name: torch.load(out / f"step-{step:09d}.pt", weights_only=True)["model"]
-                   for name, out in (("balanced", balanced), ("alone", alone))}
-        for key, value in weights["alone"].items():
-            torch.testing.assert_close(weights["balanced"][key], value, rtol=0, atol=1e-5,
-                                       msg=lambda m: f"step {step} {key}: {m}")
-    saved = torch.load(balanced / "step-000000060.pt", weights_only=True)
-    assert saved["balance"]["shares"] == list(changes[-1][:2])
+        assert_same_weights(checkpoint_at(balanced, step), checkpoint_at(alone, step), f"step {step}")
+    assert checkpoint_at(balanced, 60)["balance"]["shares"] == list(changes[-1][:2])
 
 
 @pytest.mark.parametrize("extra", [["--elastic"], ["--use-adasum"], ["--straggler-interval", "0"]])
@@ -109,7 +105,7 @@ def test_bert_throttled_rank_gets_fewer_instances_and_the_weights_equal_one_work
     require_cpu_cgroup()
     data = make_small_static_data(tmp_path, bin_size=16)  # 6 steps per epoch: 4, 4 x 16 and 13 instances
     (tmp_path / "config.json").write_text(json.dumps(NO_DROPOUT))
-    common = [PRETRAIN, "--data", data, "--config", tmp_path / "config.json", "--balance", "--steps", "30",
+    common = [PRETRAIN, "--data", data, "--config", tmp_path / "config.json", *EXACT, "--balance", "--steps", "30",
               "--lr", "1e-3", "--threads", "1", "--log-every", "1", "--checkpoint-every", "15",
               "--straggler-interval", "5"]
     balanced, alone, record = tmp_path / "balanced", tmp_path / "alone", tmp_path / "record"
@@ -123,11 +119,8 @@ def test_bert_throttled_rank_gets_fewer_instances_and_the_weights_equal_one_work
     assert changes and changes[-1][1] < changes[-1][0], run.describe()
     ok(horovodrun(1, [*common, "--batch-size", "16", "--output-dir", alone], timeout=300))
     for step in (15, 30):
-        weights = [torch.load(out / f"step-{step:09d}.pt", weights_only=True)["model"] for out in (balanced, alone)]
-        for key, value in weights[1].items():
-            torch.testing.assert_close(weights[0][key], value, rtol=0, atol=1e-5,
-                                       msg=lambda m: f"step {step} {key}: {m}")
-    assert torch.load(balanced / "step-000000030.pt", weights_only=True)["balance"]["shares"] == list(changes[-1][:2])
+        assert_same_weights(checkpoint_at(balanced, step), checkpoint_at(alone, step), f"step {step}")
+    assert checkpoint_at(balanced, 30)["balance"]["shares"] == list(changes[-1][:2])
     trained = trained_instances(record)
     assert [sorted(trained[epoch]) for epoch in range(4)] == [all_instances(data)] * 4
 

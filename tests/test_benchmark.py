@@ -9,8 +9,9 @@ import re
 
 import pytest
 
+from support.checks import ok, one_error_line
 from support.launch import SCRIPTS, horovodrun, python
-from support.slurm_jobs import final_checkpoint
+from support.weights import checkpoint_at
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 
@@ -20,11 +21,6 @@ CNN = ["train", "--model", "resnet20", "--image-size", "8", "--batch-size", "4",
 BERT = ["train", "--model", "bert-tiny", "--vocab-size", "500", "--seq-length", "16", "--batch-size", "4", *QUICK]
 ENVIRONMENT_KEYS = {"date", "cpu", "cpu_count", "gpu", "torch", "horovod", "mpi", "backend", "controller",
                     "world_size", "threads_per_rank", "knobs", "command"}
-
-
-def ok(run):
-    assert run.returncode == 0 and not run.timed_out, run.describe()
-    return run
 
 
 def result(path):
@@ -66,9 +62,7 @@ def test_baseline_none_is_one_process(tmp_path):
     check_train_result(result(tmp_path / "none.json"), 1, "none")
     assert re.search(r"total: +median [\d.]+ images/s", run.output), run.describe()
     refused = horovodrun(2, [BENCH, *CNN, "--baseline", "none"], timeout=120)
-    assert refused.returncode != 0
-    errors = [line for line in refused.output.splitlines() if "benchmark.py: error:" in line]
-    assert len(errors) == 1 and "launch it with plain python" in errors[0], refused.describe()
+    one_error_line(refused, "benchmark.py: error:", "launch it with plain python", status=None)
 
 
 def test_knobs_and_horovod_diagnostics_are_recorded(tmp_path):
@@ -236,12 +230,12 @@ def test_the_trainers_read_a_tuned_profile_and_the_environment_and_flag_win(tmp_
     used = ok(horovodrun(2, [*train, "--output-dir", tmp_path / "a"], timeout=240))
     assert (f"Horovod profile {profile} (tuned on 2 ranks, mpi controller, --model resnet20): "
             f"HOROVOD_FUSION_THRESHOLD={64 * 2**20}, HOROVOD_CYCLE_TIME=2.5, fp16 allreduce on") in used.output
-    assert final_checkpoint(tmp_path / "a", 2)["settings"]["fp16_allreduce"] is True  # what the run computed with
+    assert checkpoint_at(tmp_path / "a", 2)["settings"]["fp16_allreduce"] is True  # what the run computed with
     kept = ok(horovodrun(2, [*train, "--output-dir", tmp_path / "b", "--no-fp16-allreduce"], timeout=240,
                          env={"HOROVOD_CYCLE_TIME": "7"}))
     assert (f"HOROVOD_FUSION_THRESHOLD={64 * 2**20}; kept HOROVOD_CYCLE_TIME=7 (set in the environment), "
             "fp16 allreduce off (the flag)") in kept.output, kept.describe()
-    assert final_checkpoint(tmp_path / "b", 2)["settings"]["fp16_allreduce"] is False
+    assert checkpoint_at(tmp_path / "b", 2)["settings"]["fp16_allreduce"] is False
 
 
 @pytest.mark.parametrize("text, fragment", [

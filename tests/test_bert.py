@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from support.bert_data import make_small_static_data
-from support.checks import succeeded
+from support.checks import one_error_line, succeeded
 from support.commands import PREPARE, PRETRAIN
 from support.launch import horovodrun, launch, python
 from support.needs import require_module
 from support.ranks import rank_pids
+from support.weights import checkpoint_at
 
 # Small enough for 2 shared cores, large enough to show real learning.
 SMALL_DATA = ["--max-seq-length", "64", "--vocab-size", "4000", "--dupe-factor", "2", "--num-shards", "4"]
@@ -128,8 +129,8 @@ def test_resume_is_bit_exact(small_static_data, tmp_path):
     second = succeeded(horovodrun(2, [*common, "--output-dir", tmp_path / "parts"], timeout=180))
     assert "resumed from" in second.output and "at step 3" in second.output, second.describe()
 
-    whole = torch.load(tmp_path / "whole" / "step-000000008.pt", weights_only=True)
-    parts = torch.load(tmp_path / "parts" / "step-000000008.pt", weights_only=True)
+    whole = checkpoint_at(tmp_path / "whole", 8)
+    parts = checkpoint_at(tmp_path / "parts", 8)
     whole_at, parts_at = whole["train_state"], parts["train_state"]
     assert whole_at["epoch"] >= 1, "the run should cross an epoch boundary"
     assert (whole_at["epoch"], whole_at["step_in_epoch"]) == (parts_at["epoch"], parts_at["step_in_epoch"])
@@ -153,7 +154,7 @@ def test_phase2_starts_from_phase1_weights_with_longer_sequences(pretrained, dat
                             "--max-seq-length", "128", "--batch-size", "8", "--steps", "3", "--log-every", "1",
                             "--output-dir", tmp_path / "phase2"], timeout=180))
     assert "initialised from" in run.output and "its step 300" in run.output, run.describe()
-    state = torch.load(tmp_path / "phase2" / "step-000000003.pt", weights_only=True)
+    state = checkpoint_at(tmp_path / "phase2", 3)
     assert state["train_state"]["step"] == 3 and state["settings"]["max_seq_length"] == 128
     assert state["bert_config"]["hidden_size"] == 128
     phase1_start = results(phase1)["initial_mlm_loss"]
@@ -195,15 +196,6 @@ def test_signal_to_one_rank_checkpoints_every_rank_and_resumes(data_dir, tmp_pat
 
 # ----------------------------------------------------------------------------- bad input
 
-def one_line_error(run, *fragments):
-    assert run.returncode == 2 and not run.timed_out, run.describe()
-    assert "Traceback" not in run.output, run.describe()
-    errors = [line for line in run.output.splitlines() if "error:" in line]
-    assert len(errors) == 1, run.describe()
-    for fragment in fragments:
-        assert fragment in errors[0], run.describe()
-
-
 def test_bad_inputs_single_process(data_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 999, "hidden_size": 64,
@@ -217,17 +209,17 @@ def test_bad_inputs_single_process(data_dir, tmp_path):
         (["--data", data_dir, "--config", tmp_path / "config.json"], ["vocab_size 999", "4000"]),
     ]
     for args, fragments in cases:
-        one_line_error(python([PRETRAIN, *args, *base], timeout=120), *fragments)
-    one_line_error(python([PREPARE, "--input", tmp_path / "nothing.txt", "--output-dir", tmp_path / "d"],
+        one_error_line(python([PRETRAIN, *args, *base], timeout=120), *fragments)
+    one_error_line(python([PREPARE, "--input", tmp_path / "nothing.txt", "--output-dir", tmp_path / "d"],
                           timeout=60), "input not found")
     (tmp_path / "one.txt").write_text("A single document.\nWith two sentences.\n")
-    one_line_error(python([PREPARE, "--input", tmp_path / "one.txt", "--vocab", data_dir / "tokenizer",
+    one_error_line(python([PREPARE, "--input", tmp_path / "one.txt", "--vocab", data_dir / "tokenizer",
                            "--output-dir", tmp_path / "d"], timeout=60), "1 non-empty document", "at least 2")
 
 
 def test_nvlamb_without_lamb_is_a_one_line_error(tmp_path):
     run = python([PRETRAIN, "--data", tmp_path, "--optimizer", "adamw", "--lamb-nvlamb"], timeout=120)
-    one_line_error(run, "--lamb-nvlamb only applies to --optimizer lamb")
+    one_error_line(run, "--lamb-nvlamb only applies to --optimizer lamb")
 
 
 def test_bad_inputs_stop_every_rank(data_dir, small_static_data, pretrained, tmp_path, need_mpi):
@@ -241,9 +233,9 @@ def test_bad_inputs_stop_every_rank(data_dir, small_static_data, pretrained, tmp
     shard.write_bytes((data_dir / "shard-00003.h5").read_bytes()[:2000])  # checked by rank 1 only
     mpirun = ["mpirun", "-np", "2", sys.executable, PRETRAIN, "--model", "tiny", "--steps", "2"]
     run = launch([*mpirun, "--data", broken, "--output-dir", tmp_path / "a"], timeout=120)
-    one_line_error(run, "corrupt shard", str(shard))
+    one_error_line(run, "corrupt shard", str(shard))
 
     phase1, _ = pretrained  # trained on another vocabulary than small_static_data's
     run = launch([*mpirun, "--data", small_static_data, "--init-checkpoint", phase1,
                   "--output-dir", tmp_path / "b"], timeout=120)
-    one_line_error(run, "different vocabulary")
+    one_error_line(run, "different vocabulary")

@@ -6,11 +6,11 @@ import json
 import re
 
 import pytest
-import torch
 
-from support.checks import ok, one_line_error, succeeded
+from support.checks import ok, one_error_line, succeeded
 from support.commands import CNN, PREPARE, PRETRAIN, QUICK_CNN
 from support.launch import REPO, horovodrun, python
+from support.weights import checkpoint_at
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 
@@ -23,6 +23,7 @@ def rows(directory, drop=("images_per_sec", "images_per_sec_per_worker", "epoch_
     return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in lines]
 
 
+@pytest.mark.scale  # the per-tensor transport it needs: test_node_local_checkpoint_is_sent_tensor_by_tensor
 def test_a_checkpoint_over_2_gib_restores_on_every_rank(tmp_path):
     """600M float32 elements: 2.4 GB, which hvd.broadcast_object cannot send (32-bit size)."""
     elements = ["--elements", str(600_000_000)]
@@ -60,7 +61,7 @@ def test_corrupt_newest_checkpoint_is_renamed_and_the_previous_one_used(tmp_path
     assert (out / "step-000000030.pt.corrupt").is_file()
     # Step 30 was trained and written again; pruning kept the two newest.
     assert sorted(p.name for p in out.glob("step-*.pt")) == ["step-000000030.pt", "step-000000035.pt"]
-    torch.load(out / "step-000000030.pt", weights_only=True)
+    checkpoint_at(out, 30)
 
 
 def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
@@ -69,10 +70,10 @@ def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
     ok(horovodrun(2, [*common, "--stop-after", "10"], timeout=180))
     for path in out.glob("step-*.pt"):
         path.write_bytes(b"garbage")
-    error = one_line_error(horovodrun(2, common, timeout=180), "no readable checkpoint in", "--no-resume")
+    error = one_error_line(horovodrun(2, common, timeout=180), "no readable checkpoint in", "--no-resume")
     assert "step-000000010.pt.corrupt" in error
     # The next launch refuses too, until the user says --no-resume.
-    one_line_error(horovodrun(2, common, timeout=180), "no readable checkpoint in")
+    one_error_line(horovodrun(2, common, timeout=180), "no readable checkpoint in")
     ok(horovodrun(2, [*common, "--no-resume", "--stop-after", "2"], timeout=180))
 
 
@@ -81,9 +82,9 @@ def test_resume_refuses_changed_settings_and_announces_adjustable_ones(tmp_path)
     common = [CNN, "--output-dir", out, *QUICK_CNN]
     ok(horovodrun(2, [*common, "--epochs", "2", "--stop-after", "5"], timeout=180))
     run = horovodrun(2, [*common, "--epochs", "2", "--lr", "0.2", "--momentum", "0.5"], timeout=180)
-    one_line_error(run, "cannot resume from", "lr 0.1 -> 0.2", "momentum 0.9 -> 0.5")
+    one_error_line(run, "cannot resume from", "lr 0.1 -> 0.2", "momentum 0.9 -> 0.5")
     run = horovodrun(1, [*common, "--epochs", "2"], timeout=180)
-    one_line_error(run, "world_size 2 -> 1")
+    one_error_line(run, "world_size 2 -> 1")
     run = ok(horovodrun(2, [*common, "--epochs", "3", "--stop-after", "6"], timeout=180))
     assert "resuming with epochs 3 instead of the checkpoint's 2" in run.output, run.describe()
 
@@ -156,7 +157,7 @@ def test_resumed_weights_come_from_the_file_not_a_broadcast_pickle(tmp_path):
     """The checkpoint holds what each component needs; the layout both trainers share."""
     out = tmp_path / "out"
     ok(horovodrun(2, [CNN, "--output-dir", out, *QUICK_CNN, "--stop-after", "3"], timeout=180))
-    state = torch.load(out / "step-000000003.pt", weights_only=True)
+    state = checkpoint_at(out, 3)
     assert {"format", "model", "optimizer", "scheduler", "scaler", "train_state", "ranks", "settings"} <= set(state)
     assert state["train_state"]["step"] == 3 and len(state["ranks"]) == 2
     assert {"rng", "meter", "batchnorm"} == set(state["ranks"][0])

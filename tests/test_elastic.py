@@ -149,7 +149,7 @@ def test_a_killed_worker_on_a_host_with_two_slots_is_restarted(need_horovod, tmp
     assert results["completed"] and results["world_size"] == 2, results
 
 
-@pytest.mark.extended  # test_four_nodes.py's elastic test kills a whole node's ranks across hosts
+@pytest.mark.scale  # test_four_nodes.py's elastic test kills a whole node's ranks across hosts
 def test_a_killed_worker_on_another_host(need_horovod, two_hosts, tmp_path):
     """Across two hosts (ssh to hvd-b): SIGKILL the rank on hvd-b mid-epoch; hvd-a finishes alone."""
     hostfile, out = tmp_path / "hosts", tmp_path / "run"

@@ -12,8 +12,9 @@ from support.bert_data import make_small_static_data
 from support.commands import CNN, PRETRAIN
 from support.elastic_jobs import elastic_command, world_sizes, write_hosts
 from support.launch import launch, python, wait_then
+from support.weights import EXACT, assert_same_weights, checkpoint_at
 
-RUN = [CNN, "--elastic", "--model", "convnet", "--epochs", "3", "--batch-size", "16",
+RUN = [CNN, "--elastic", "--model", "convnet", *EXACT, "--epochs", "3", "--batch-size", "16",
        "--lr", "0.01", "--global-batch", "32", "--elastic-commit-every", "5"]
 EPOCH_STEPS = 45  # 1438 digits in steps of 32: the last has 30
 # A small LR: at 0.1 the first epoch sits on a plateau where float rounding of the
@@ -45,9 +46,8 @@ def test_a_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(need_
     # some CPUs after an epoch, resized or not). What differs is the resize alone.
     ok(launch(elastic_command(hosts, 2, [*RUN, "--output-dir", steady]), timeout=300))
     assert newest_checkpoint(resized).name == newest_checkpoint(steady).name
-    weights = [torch.load(newest_checkpoint(out), weights_only=True)["model"] for out in (resized, steady)]
-    for key, value in weights[1].items():
-        torch.testing.assert_close(weights[0][key], value, rtol=0, atol=1e-5, msg=lambda m: f"{key}: {m}")
+    assert_same_weights(*(torch.load(newest_checkpoint(out), weights_only=True) for out in (resized, steady)),
+                        "resized against steady")
 
 
 def test_global_batch_needs_elastic(tmp_path):
@@ -63,7 +63,7 @@ BERT_CONFIG = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads"
 def test_a_bert_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(need_horovod, tmp_path):
     data = make_small_static_data(tmp_path, bin_size=16)  # bins of 4 and 77 instances: steps of 4, 16 and 13
     (tmp_path / "config.json").write_text(json.dumps(BERT_CONFIG))
-    run = [PRETRAIN, "--elastic", "--data", data, "--config", tmp_path / "config.json", "--global-batch", "16",
+    run = [PRETRAIN, "--elastic", "--data", data, "--config", tmp_path / "config.json", *EXACT, "--global-batch", "16",
            "--steps", "150", "--lr", "1e-3", "--log-every", "1", "--checkpoint-every", "0",
            "--elastic-commit-every", "3"]
     resized, steady, hosts = tmp_path / "resized", tmp_path / "steady", tmp_path / "hosts"
@@ -76,9 +76,7 @@ def test_a_bert_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(
     alone = tmp_path / "alone-hosts"
     write_hosts(alone, "localhost slots=1")
     ok(launch(elastic_command(alone, 1, [*run, "--output-dir", steady]), timeout=400))
-    weights = [torch.load(out / "step-000000150.pt", weights_only=True)["model"] for out in (resized, steady)]
-    for key, value in weights[1].items():
-        torch.testing.assert_close(weights[0][key], value, rtol=0, atol=1e-5, msg=lambda m: f"{key}: {m}")
+    assert_same_weights(checkpoint_at(resized, 150), checkpoint_at(steady, 150), "resized against steady")
 
 
 def test_bert_global_batch_needs_elastic(tmp_path):

@@ -2,9 +2,14 @@
 
 The matrix: rank 1 of a real train_cnn.py job is SIGSTOPped, deadlocks its main
 thread, is SIGKILLed, or raises, under horovodrun --gloo, horovodrun --mpi,
-mpirun and srun (on the test Slurm cluster). The cells run four at a time with
-a lowered watchdog floor; one more cell proves the default limits (SIGSTOP under
-MPI, the worst case) and one run proves that a long legitimate phase is no hang.
+mpirun and srun (on the test Slurm cluster). A stop, a deadlock and an exception
+reach the same watchdog and error report under every launcher, so `make test`
+runs each under one launcher; a SIGKILL is the launcher's to notice and report,
+so it runs under all four. `make test-scale` runs the other cells. The cells of
+the selected tests run PARALLEL at a time with a lowered watchdog floor; one more
+cell proves the default limits (SIGSTOP under MPI, the worst case) and one run
+proves that a long legitimate phase is no hang. The srun cells have a fixture of
+their own, so that only they wait for the Slurm cluster's worker.
 """
 import json
 import math
@@ -20,45 +25,91 @@ from support.needs import require_module, require_program
 # Lowered for speed: the watchdog's floor (default 60 s) and Horovod's stall warning.
 FAST = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "10"}
 PARALLEL = 5
+# The launcher each launcher-independent fault runs under in `make test` (a spread, so that
+# each launcher's output is read for one of them too); "kill" runs under every launcher.
+ONCE = {"stop": "horovodrun --gloo", "deadlock": "mpirun", "raise": "horovodrun --mpi"}
+LAUNCHED = [launcher for launcher in LAUNCHERS if launcher != "srun"]
 
 
-@pytest.fixture(scope="module")
-def matrix(slurm_cluster, tmp_path_factory):
-    """Every cell, the default-limits cell and the slow-checkpoint run, side by side:
-    {(fault, launcher, defaults?): Cell, "slow checkpoint": (Launched, its output dir)}."""
+def cells(launchers):
+    """(fault, launcher) parameters, the cells outside `make test` marked `scale`."""
+    return [pytest.param(fault, launcher, id=f"{fault}-{launcher}",
+                         marks=[] if fault == "kill" or ONCE.get(fault) == launcher else [pytest.mark.scale])
+            for fault in FAULTS for launcher in launchers]
+
+
+# The cells other than the matrix's, by the test that reads them.
+EXTRA_CELLS = {
+    "test_a_frozen_rank_under_mpi_ends_the_job_within_120_s_with_the_defaults": ("stop", "horovodrun --mpi", True),
+    "test_a_checkpoint_write_longer_than_the_step_limit_is_no_hang": "slow checkpoint",
+    "test_a_rank_frozen_in_an_evaluation_ends_the_job_after_the_step_limit_not_the_phases": "frozen in an evaluation",
+}
+
+
+def selected_cells(request, srun):
+    """The cells this session's selected tests of this module read: only those are launched."""
+    wanted = []
+    for item in request.session.items:
+        if item.module is not request.module:
+            continue
+        params = getattr(item, "callspec", None) and item.callspec.params
+        if params and "fault" in params and (params["launcher"] == "srun") == srun:
+            wanted.append((params["fault"], params["launcher"], False))
+        elif item.originalname in EXTRA_CELLS and not srun:
+            wanted.append(EXTRA_CELLS[item.originalname])
+    # The defaults' cell is the longest: first.
+    return sorted(set(wanted), key=lambda cell: (cell != ("stop", "horovodrun --mpi", True), str(cell)))
+
+
+def run_cells(wanted, root, cluster=None):
+    """{(fault, launcher, defaults?): Cell, "slow checkpoint": (Launched, its output dir), ...}, side by side."""
     require_module("horovod.torch")
     require_program("horovodrun", "run `make setup`")
     require_program("mpirun", "install Open MPI or `make setup` as root")
-    root = tmp_path_factory.mktemp("faults")
-    cells = [(fault, launcher, FAST) for fault in FAULTS for launcher in LAUNCHERS]
-    cells.insert(0, ("stop", "horovodrun --mpi", None))  # the defaults: the longest, so first
-    cells.insert(1, "slow checkpoint")
-    cells.insert(2, "frozen in an evaluation")
 
     def one(cell):
         if cell == "slow checkpoint":
             return cell, (slow_checkpoint_run(root / "slow-checkpoint"), root / "slow-checkpoint")
         if cell == "frozen in an evaluation":
             return cell, run_cell("stop", "mpirun", root / "stop-in-evaluation", FAST, where=EVALUATION)
-        fault, launcher, env = cell
-        name = f"{fault}-{launcher.replace(' --', '-')}{'-default' if env is None else ''}"
-        return (fault, launcher, env is None), run_cell(fault, launcher, root / name, env, slurm_cluster)
+        fault, launcher, defaults = cell
+        name = f"{fault}-{launcher.replace(' --', '-')}{'-default' if defaults else ''}"
+        return cell, run_cell(fault, launcher, root / name, None if defaults else FAST, cluster)
 
     with ThreadPoolExecutor(PARALLEL) as pool:
-        return dict(pool.map(one, cells))
+        return dict(pool.map(one, wanted))
+
+
+@pytest.fixture(scope="module")
+def matrix(request, tmp_path_factory):
+    """The selected cells under horovodrun and mpirun, and the extra runs."""
+    return run_cells(selected_cells(request, srun=False), tmp_path_factory.mktemp("faults"))
+
+
+@pytest.fixture(scope="module")
+def srun_matrix(request, slurm_cluster, tmp_path_factory):
+    """The selected srun cells, on the session's Slurm cluster."""
+    return run_cells(selected_cells(request, srun=True), tmp_path_factory.mktemp("srun-faults"), slurm_cluster)
 
 
 def slow_checkpoint_run(out):
     """A 15 s checkpoint write on rank 0 (the other rank waits for it) under a 5 s floor."""
-    env = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "5", "HVDTRAIN_FAULT": "rank=0,step=10,kind=slow-checkpoint,seconds=15"}
+    env = {"HVDTRAIN_FAULT": "rank=0,step=10,kind=slow-checkpoint,seconds=15", "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "5"}
     return horovodrun(2, [*TRAIN[:-1], "1", "--output-dir", out, "--checkpoint-every", "10", "--stop-after", "12"],
                       timeout=300, env=env)
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault, launcher", cells(LAUNCHED))
 def test_a_fault_on_one_rank_ends_the_job_fast_with_one_line(matrix, fault, launcher):
-    cell = matrix[(fault, launcher, False)]
+    assert_ended_fast_with_one_line(matrix[(fault, launcher, False)], fault)
+
+
+@pytest.mark.parametrize("fault, launcher", cells(["srun"]))
+def test_a_fault_on_one_rank_under_srun_ends_the_job_fast_with_one_line(srun_matrix, fault, launcher):
+    assert_ended_fast_with_one_line(srun_matrix[(fault, launcher, False)], fault)
+
+
+def assert_ended_fast_with_one_line(cell, fault):
     assert not cell.timed_out and cell.returncode not in (0, None), cell.describe()
     assert cell.seconds_after_fault < LIMITS[fault], cell.describe()
     assert cell.message, f"no line naming the rank and the cause:\n{cell.describe()}"

@@ -1,9 +1,12 @@
-"""Sixteen ranks on four hosts: support/hosts.py's node1-node4 on one bridge, 4 slots each.
+"""Ranks on several hosts: support/hosts.py's node1-node4 on one bridge.
 
 Each host is a network namespace with its own address, host name and sshd, so
-mpirun and horovodrun start 12 of the 16 ranks over ssh, as on a cluster
+mpirun and horovodrun start the ranks of the other hosts over ssh, as on a cluster
 (support/sixteen_ranks.py: the workloads and checks; tests/test_slurm_four_nodes.py
-runs the same under sbatch).
+runs the same under sbatch). `make test` proves each node-level mechanism once at its
+smallest real scale, two hosts of two ranks (TWO_BY_2), plus one 16-rank run under
+mpirun (placement and equality); `make test-scale` runs the 16- and 32-rank forms
+(FOUR_BY_4) under every launcher.
 """
 import json
 import re
@@ -16,29 +19,39 @@ from support.commands import CNN, PRETRAIN
 from support.elastic_jobs import discovery, world_sizes, write_hosts
 from support.hosts import INTERFACE
 from support.launch import RANK_TRACEBACK, launch, wait_then
-from support.sixteen_ranks import (BERT_COMPARED_STEPS, HOSTS, RANKS, SLOTS, SMALL, assert_placed_four_per_host,
-                                   assert_same_weights_as, bert_reference, sixteen_by_4, trained)
+from support.sixteen_ranks import (BERT_COMPARED_STEPS, FOUR_BY_4, SMALL, TWO_BY_2, Shape,
+                                   assert_placed_four_per_host, assert_same_weights_as, bert_reference, sixteen_by_4,
+                                   trained)
 from support.sixteen_ranks import one_worker as one_worker_run
-from support.slurm_jobs import assert_same_tensors, final_checkpoint
+from support.weights import assert_same_tensors, checkpoint_at
 
 TIMEOUT = 400
 STEPS = 20  # checkpoints at 10 and 20
 SIXTEEN_BY_4 = sixteen_by_4(10)
-pytestmark = pytest.mark.whole_machine  # 16 ranks on 2 cores: the tests beside them would starve
+# 16 ranks on 2 cores: the tests beside them would starve, so they run alone.
+SIXTEEN = [pytest.mark.scale, pytest.mark.whole_machine]
 
 
-def on_four_hosts(hosts, tmp_path, launcher, script_args, env=None, slots=SLOTS, launch_on="node1", script=CNN):
-    """``script`` with ``script_args`` on 16 ranks (4 x ``slots``), 4 per host, the launcher
-    started on ``launch_on``; the finished launch."""
-    ranks = slots * len(HOSTS)
+def forms(smallest, *at_sixteen):
+    """(shape, launcher) parameters: ``smallest`` on two hosts of two (make test), each of
+    ``at_sixteen`` on four hosts of four (make test-scale)."""
+    return [pytest.param(TWO_BY_2, smallest, id=f"{TWO_BY_2}-{smallest}"),
+            *(pytest.param(FOUR_BY_4, launcher, marks=SIXTEEN, id=f"{FOUR_BY_4}-{launcher}")
+              for launcher in at_sixteen)]
+
+
+def on_four_hosts(hosts, tmp_path, launcher, script_args, env=None, shape=FOUR_BY_4, launch_on=None, script=CNN):
+    """``script`` with ``script_args`` on ``shape``'s hosts and ranks per host, the launcher
+    started on ``launch_on`` (the first host by default); the finished launch."""
     if launcher == "mpirun":
         hostfile = tmp_path / "hostfile"
-        hostfile.write_text("".join(f"{host} slots={slots}\n" for host in HOSTS))
-        command = hosts.mpirun(ranks, hostfile, pass_env=env or {})
+        hostfile.write_text("".join(f"{host} slots={shape.slots}\n" for host in shape.hosts))
+        command = hosts.mpirun(shape.ranks, hostfile, pass_env=env or {})
     else:  # "horovodrun" (its Gloo controller) or "horovodrun --mpi" (its mpirun)
-        command = ["horovodrun", "-np", str(ranks), "-H", ",".join(f"{host}:{slots}" for host in HOSTS),
+        command = ["horovodrun", "-np", str(shape.ranks), "-H", ",".join(f"{host}:{shape.slots}" for host in shape.hosts),
                    "--mpi" if launcher.endswith("--mpi") else "--gloo", "--network-interface", INTERFACE]
-    return launch(hosts.on(launch_on, [*command, sys.executable, script, *script_args]), timeout=TIMEOUT,
+    return launch(hosts.on(launch_on or shape.hosts[0], [*command, sys.executable, script, *script_args]),
+                  timeout=TIMEOUT,
                   env={**hosts.env(), "OMPI_MCA_rmaps_base_oversubscribe": "0", **(env or {})})
 
 
@@ -57,12 +70,15 @@ def sixteen_under_mpirun(four_hosts, tmp_path_factory):
                                                               "--output-dir", out]), out)
 
 
+@pytest.mark.whole_machine
 def test_mpirun_16_ranks_on_four_hosts_equal_one_worker(sixteen_under_mpirun, one_worker):
+    """The one 16-rank run of `make test`: the four-host machinery (placement, ssh, equality)."""
     assert_same_weights_as(sixteen_under_mpirun, one_worker, (10, STEPS))
     assert_placed_four_per_host(sixteen_under_mpirun)
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", pytest.param("horovodrun --mpi", marks=pytest.mark.extended)])
+@pytest.mark.parametrize("launcher", [pytest.param(launcher, marks=SIXTEEN) for launcher in ("horovodrun",
+                                                                                           "horovodrun --mpi")])
 def test_horovodrun_16_ranks_on_four_hosts_equal_one_worker(four_hosts, one_worker, launcher, tmp_path):
     out = tmp_path / "run"
     trained(on_four_hosts(four_hosts, tmp_path, launcher, [*SIXTEEN_BY_4, "--max-steps", STEPS,
@@ -76,25 +92,29 @@ def bert_one_worker(tmp_path_factory):
     return bert_reference(tmp_path_factory.mktemp("bert"), TIMEOUT)
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
-def test_pretrain_bert_16_ranks_on_four_hosts_equal_one_worker(four_hosts, bert_one_worker, launcher, tmp_path):
+@pytest.mark.parametrize("shape, launcher", forms("mpirun", "mpirun", "horovodrun"))
+def test_pretrain_bert_on_hosts_equals_one_worker(four_hosts, bert_one_worker, shape, launcher, tmp_path):
+    """N ranks x 16/N sequences (4 x 4 on two hosts, 16 x 1 on four) = one worker x 16."""
     common, reference = bert_one_worker
     out = tmp_path / "run"
-    trained(on_four_hosts(four_hosts, tmp_path, launcher, [*common, "--batch-size", 1, "--output-dir", out],
-                          script=PRETRAIN), out)
+    trained(on_four_hosts(four_hosts, tmp_path, launcher, [*common, "--batch-size", 16 // shape.ranks,
+                                                            "--output-dir", out], shape=shape, script=PRETRAIN), out)
     assert_same_weights_as(out, reference, BERT_COMPARED_STEPS)
 
 
-@pytest.mark.extended
+@pytest.mark.scale
+@pytest.mark.whole_machine
 def test_mpirun_32_ranks_8_per_host_equal_one_worker(four_hosts, one_worker, tmp_path):
     """32 ranks x batch 2, 8 slots on each host: the same global batch of 64 as one worker."""
     out = tmp_path / "run"
     trained(on_four_hosts(four_hosts, tmp_path, "mpirun", [*sixteen_by_4(10, ranks=32), "--max-steps", STEPS,
-                                                            "--output-dir", out], slots=8), out)
+                                                            "--output-dir", out], shape=Shape(FOUR_BY_4.hosts, 8)), out)
     assert_same_weights_as(out, one_worker, (10, STEPS))
     assert_placed_four_per_host(out, ranks=32, slots=8)
 
 
+@pytest.mark.scale
+@pytest.mark.whole_machine
 def test_16_ranks_stopped_and_resumed_equal_the_uninterrupted_run_bit_for_bit(four_hosts, sixteen_under_mpirun,
                                                                               tmp_path):
     out = tmp_path / "run"
@@ -103,15 +123,15 @@ def test_16_ranks_stopped_and_resumed_equal_the_uninterrupted_run_bit_for_bit(fo
     second = on_four_hosts(four_hosts, tmp_path, "mpirun", [*SIXTEEN_BY_4, "--max-steps", STEPS, "--output-dir", out])
     trained(second, out)
     assert "(step 10)" in second.output, second.describe()
-    expected, actual = final_checkpoint(sixteen_under_mpirun, STEPS), final_checkpoint(out, STEPS)
+    expected, actual = checkpoint_at(sixteen_under_mpirun, STEPS), checkpoint_at(out, STEPS)
     assert_same_tensors(actual["model"], expected["model"], "model")
     assert_same_tensors(actual["optimizer"]["state"], expected["optimizer"]["state"], "optimizer")
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun", pytest.param("horovodrun --mpi", marks=pytest.mark.extended)])
-def test_a_node_that_vanishes_ends_the_job_within_seconds_naming_it(four_hosts, launcher, tmp_path):
-    """All four ranks of node4 SIGKILLed at once, as when a node dies: the job ends, the output
-    names node4, and no surviving rank adds a line of its own (at 512 ranks: 508 lines), no
+@pytest.mark.parametrize("shape, launcher", forms("mpirun", "mpirun", "horovodrun", "horovodrun --mpi"))
+def test_a_node_that_vanishes_ends_the_job_within_seconds_naming_it(four_hosts, shape, launcher, tmp_path):
+    """All ranks of the last host SIGKILLed at once, as when a node dies: the job ends, the output
+    names the host, and no surviving rank adds a line of its own (at 512 ranks: 508 lines), no
     C++ abort text, no line per process from the launcher. The same command relaunched
     resumes from the last checkpoint."""
     out = tmp_path / "run"
@@ -119,27 +139,27 @@ def test_a_node_that_vanishes_ends_the_job_within_seconds_naming_it(four_hosts, 
 
     def vanish():
         killed["at"] = time.monotonic()
-        four_hosts.vanish("node4", CNN.name)
+        four_hosts.vanish(shape.last, CNN.name)
 
-    job = ["--dataset", "synthetic", "--synthetic-samples", "100000", *SMALL, "--batch-size", "4",
+    job = ["--dataset", "synthetic", "--synthetic-samples", "100000", *SMALL, "--batch-size", 64 // shape.ranks,
            "--epochs", "5", "--checkpoint-every", "10", "--output-dir", out]
     watcher = wait_then(lambda: any(out.glob("step-*.pt")), vanish, TIMEOUT)
-    run = on_four_hosts(four_hosts, tmp_path, launcher, job)
+    run = on_four_hosts(four_hosts, tmp_path, launcher, job, shape=shape)
     ended = time.monotonic()
     watcher.join(timeout=1)
     assert "at" in killed, run.describe()
     assert run.returncode != 0 and not run.timed_out, run.describe()
     assert ended - killed["at"] < 60, f"ended {ended - killed['at']:.0f} s after the node vanished\n{run.describe()}"
-    assert "node4" in run.output and not RANK_TRACEBACK.search(run.output), run.describe()
+    assert shape.last in run.output and not RANK_TRACEBACK.search(run.output), run.describe()
     assert len(re.findall(r"rank \d+: error:", run.output)) <= 1, run.describe()
     for noise in ("terminate called", "exit with status code", "Terminating remaining workers",
                   "background loop uncaught exception"):
         assert noise not in run.output, run.describe()
     last = max(int(path.stem.split("-")[1]) for path in out.glob("step-*.pt"))
-    again = on_four_hosts(four_hosts, tmp_path, launcher, [*job, "--max-steps", last + 5])
+    again = on_four_hosts(four_hosts, tmp_path, launcher, [*job, "--max-steps", last + 5], shape=shape)
     trained(again, out)
     assert f"restored step {last} from {out}" in again.output, again.describe()
-    print(f"a vanished node at {RANKS} ranks under {launcher}: the job ended {ended - killed['at']:.0f} s later; "
+    print(f"a vanished node at {shape.ranks} ranks under {launcher}: the job ended {ended - killed['at']:.0f} s later; "
           f"resumed from step {last}")
 
 
@@ -150,123 +170,130 @@ def rank_error_lines(output):
 # Under a bare mpirun the same mechanism is tested on one host (test_scale.py) and a partition
 # across two (test_launchers.py); here horovodrun's two controllers, whose ranks reach node4
 # over Gloo or MPI. (Both ran here under mpirun too: one line, 54 s; ended 56 s after the partition.)
-@pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun --mpi"])
-def test_a_frozen_node_ends_the_job_with_one_line_naming_it(four_hosts, launcher, tmp_path):
-    """node4's four ranks SIGSTOPped at once after step 15: one line, rank 0's, names them and
+@pytest.mark.parametrize("shape, launcher", forms("horovodrun", "horovodrun", "horovodrun --mpi"))
+def test_a_frozen_node_ends_the_job_with_one_line_naming_it(four_hosts, shape, launcher, tmp_path):
+    """The last host's ranks SIGSTOPped at once after step 15: one line, rank 0's, names them and
     their host (the watchdog, or Gloo's transport timeout)."""
     started = time.monotonic()
     try:
         run = on_four_hosts(four_hosts, tmp_path, launcher,
-                            [*SMALL, "--batch-size", "4", "--epochs", "3", "--output-dir", tmp_path / "run"],
-                            env={"HVDTRAIN_FAULT": "rank=12-15,step=15,kind=stop",
-                                 "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"})
+                            [*SMALL, "--batch-size", 64 // shape.ranks, "--epochs", "3", "--output-dir", tmp_path / "run"],
+                            env={"HVDTRAIN_FAULT": f"rank={shape.ranks - shape.slots}-{shape.ranks - 1},step=15,kind=stop",
+                                 "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"}, shape=shape)
     finally:
         # A frozen node's processes stay frozen after the job (its launcher daemon is gone,
         # a stopped process acts on no signal but SIGKILL), as on a cluster: the node is down.
-        four_hosts.vanish("node4", CNN.name)
+        four_hosts.vanish(shape.last, CNN.name)
     elapsed = time.monotonic() - started
     assert run.returncode != 0 and not run.timed_out, run.describe()
     errors = rank_error_lines(run.output)
     assert len(errors) == 1 and "rank 0: error:" in errors[0], run.describe()
-    assert "ranks 12-15 (all 4 on node4)" in errors[0], run.describe()
+    assert shape.last_ranks() in errors[0], run.describe()
     assert "terminate called" not in run.output and not RANK_TRACEBACK.search(run.output), run.describe()
-    print(f"a frozen node at {RANKS} ranks under {launcher}: one line, {elapsed:.0f} s in all: {errors[0]}")
+    print(f"a frozen node at {shape.ranks} ranks under {launcher}: one line, {elapsed:.0f} s in all: {errors[0]}")
 
 
-# Where ranks 0-3 run when the launcher is on node4: horovodrun follows -H's order (node1);
-# Open MPI gives its own node the first ranks when the hostfile lists it (node4).
-RANK_0_HOST = {"horovodrun": "node1", "mpirun": "node4"}
+def rank_0_host(shape, launcher):
+    """Where ranks 0 to slots-1 run when the launcher is on the last host: horovodrun follows
+    -H's order (the first host); Open MPI gives its own node the first ranks when the
+    hostfile lists it (the last)."""
+    return shape.last if launcher == "mpirun" else shape.hosts[0]
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
-def test_rank_0s_node_frozen_is_one_line_from_the_first_rank_of_another_node(four_hosts, launcher, tmp_path):
-    """The launcher on node4, the node of ranks 0-3 frozen (SIGSTOPped after step 15): rank 0
-    cannot speak, so rank 4 (the first rank on another host: rank 0's deputy) names them, and
-    the 11 other survivors, who no longer hear rank 0 but hear rank 4, stay quiet. (Before
-    the deputy, each survivor whose watchdog fired printed its own line, naming no one.)"""
-    lost = RANK_0_HOST[launcher]
+@pytest.mark.parametrize("shape, launcher", forms("mpirun", "mpirun", "horovodrun"))
+def test_rank_0s_node_frozen_is_one_line_from_the_first_rank_of_another_node(four_hosts, shape, launcher, tmp_path):
+    """The launcher on the last host, the node of ranks 0 to slots-1 frozen (SIGSTOPped after
+    step 15): rank 0 cannot speak, so rank ``slots`` (the first rank on another host: rank 0's
+    deputy) names them, and the other survivors, who no longer hear rank 0 but hear the deputy,
+    stay quiet. (Before the deputy, each survivor whose watchdog fired printed its own line,
+    naming no one.)"""
+    lost, slots = rank_0_host(shape, launcher), shape.slots
     try:
         run = on_four_hosts(four_hosts, tmp_path, launcher,
-                            [*SMALL, "--batch-size", "4", "--epochs", "3", "--output-dir", tmp_path / "run"],
-                            env={"HVDTRAIN_FAULT": "rank=0-3,step=15,kind=stop",
-                                 "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"}, launch_on="node4")
+                            [*SMALL, "--batch-size", 64 // shape.ranks, "--epochs", "3", "--output-dir", tmp_path / "run"],
+                            env={"HVDTRAIN_FAULT": f"rank=0-{slots - 1},step=15,kind=stop",
+                                 "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"}, shape=shape, launch_on=shape.last)
     finally:
         four_hosts.vanish(lost, CNN.name)  # a frozen node stays frozen (see above)
     assert run.returncode != 0 and not run.timed_out, run.describe()
     errors = rank_error_lines(run.output)
-    assert len(errors) == 1 and "rank 4: error:" in errors[0], run.describe()
-    assert f"ranks 0-3 (all 4 on {lost})" in errors[0], run.describe()
+    assert len(errors) == 1 and f"rank {slots}: error:" in errors[0], run.describe()
+    assert f"ranks 0-{slots - 1} (all {slots} on {lost})" in errors[0], run.describe()
     assert "terminate called" not in run.output and not RANK_TRACEBACK.search(run.output), run.describe()
-    print(f"rank 0's node frozen at {RANKS} ranks under {launcher}: {errors[0]}")
+    print(f"rank 0's node frozen at {shape.ranks} ranks under {launcher}: {errors[0]}")
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", pytest.param("horovodrun --mpi", marks=pytest.mark.extended)])
-def test_a_partitioned_node_ends_the_job_within_120_s_with_one_line(four_hosts, launcher, tmp_path):
-    """node4's link taken down mid-training (its ranks alive, their packets lost): the job ends
-    within 120 s of the partition, one line from the ranks names node4's ranks, nothing after it."""
+@pytest.mark.parametrize("shape, launcher", forms("horovodrun", "horovodrun", "horovodrun --mpi"))
+def test_a_partitioned_node_ends_the_job_within_120_s_with_one_line(four_hosts, shape, launcher, tmp_path):
+    """The last host's link taken down mid-training (its ranks alive, their packets lost): the job
+    ends within 120 s of the partition, one line from the ranks names its ranks, nothing after it."""
     out = tmp_path / "run"
     cut = {}
 
     def partition():
         cut["at"] = time.monotonic()
-        four_hosts.link("node4", "down")
+        four_hosts.link(shape.last, "down")
 
     watcher = wait_then(lambda: any(out.glob("step-*.pt")), partition, TIMEOUT)
     try:
         run = on_four_hosts(four_hosts, tmp_path, launcher,
-                            ["--dataset", "synthetic", "--synthetic-samples", "100000", *SMALL, "--batch-size", "4",
-                             "--epochs", "5", "--checkpoint-every", "10", "--output-dir", out],
-                            env={"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "20"})
+                            ["--dataset", "synthetic", "--synthetic-samples", "100000", *SMALL,
+                             "--batch-size", 64 // shape.ranks, "--epochs", "5", "--checkpoint-every", "10",
+                             "--output-dir", out],
+                            env={"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "20"}, shape=shape)
         ended = time.monotonic()
     finally:
         watcher.join(timeout=1)
-        four_hosts.link("node4", "up")  # for the next tests
+        four_hosts.link(shape.last, "up")  # for the next tests
     assert "at" in cut, run.describe()
     assert run.returncode != 0 and not run.timed_out, run.describe()
     assert ended - cut["at"] < 120, f"ended {ended - cut['at']:.0f} s after the partition\n{run.describe()}"
     errors = rank_error_lines(run.output)
-    assert len(errors) == 1 and "ranks 12-15 (all 4 on node4)" in errors[0], run.describe()
+    assert len(errors) == 1 and shape.last_ranks() in errors[0], run.describe()
     after = run.output.split(errors[0], 1)[1]
     assert "Fatal Python error" not in after and "terminate called" not in run.output, run.describe()
-    print(f"a partitioned node at {RANKS} ranks under {launcher}: the job ended {ended - cut['at']:.0f} s later")
+    print(f"a partitioned node at {shape.ranks} ranks under {launcher}: the job ended {ended - cut['at']:.0f} s later")
 
 
 DIGITS_TRAIN = 1438  # digits samples left for training by the fixed validation split
 ELASTIC_EPOCHS = 10
 
 
-def test_elastic_16_ranks_lose_a_node_go_on_at_12_and_grow_back_to_16(four_hosts, tmp_path):
-    """horovodrun --elastic over the four hosts, 4 slots each: node4's four ranks SIGKILLed in
-    epoch 2 (the node dies). Every slot of node4 failed at once, so Horovod blacklists it
-    (the project's patch: a host with one failed slot of several would stay); the 12 ranks
-    of node1-node3 go on from the last commit; after the cooldown node4, still listed by
-    discovery, rejoins and the job is 16 again. Each epoch trains every sample once, and
+@pytest.mark.parametrize("shape", [TWO_BY_2, pytest.param(FOUR_BY_4, marks=SIXTEEN)], ids=str)
+def test_elastic_ranks_lose_a_node_go_on_and_grow_back(four_hosts, shape, tmp_path):
+    """horovodrun --elastic over the hosts (2 of 2 slots, or 4 of 4): the last host's ranks
+    SIGKILLed in epoch 2 (the node dies). Every slot of it failed at once, so Horovod
+    blacklists it (the project's patch: a host with one failed slot of several would stay);
+    the other hosts' ranks go on from the last commit; after the cooldown the lost host, still
+    listed by discovery, rejoins and the job is whole again. Each epoch trains every sample once, and
     no C++ abort text or per-rank error reaches the output. (Before Commits.on_reset kept
     the host updates that arrive while the world re-forms, the job stayed at 12: node4's
     cooldown ended during the survivors' 30 s reset and Horovod dropped that update.)"""
     hostfile, out = tmp_path / "hosts", tmp_path / "run"
-    write_hosts(hostfile, *(f"{host} slots={SLOTS}" for host in HOSTS))
+    write_hosts(hostfile, *(f"{host} slots={shape.slots}" for host in shape.hosts))
     killed = {}
 
-    def node4_dies():
+    def last_host_dies():
         killed["at"] = time.monotonic()
-        four_hosts.vanish("node4", CNN.name)
+        four_hosts.vanish(shape.last, CNN.name)
 
     # 64 samples a step, 23 steps an epoch: a checkpoint at step 30 is in epoch 2.
-    watcher = wait_then(lambda: (out / "step-000000030.pt").exists(), node4_dies, TIMEOUT)
-    command = ["horovodrun", "-np", RANKS, "--min-np", 2 * SLOTS, "--max-np", RANKS, "--network-interface", INTERFACE,
+    watcher = wait_then(lambda: (out / "step-000000030.pt").exists(), last_host_dies, TIMEOUT)
+    ranks = shape.ranks
+    command = ["horovodrun", "-np", ranks, "--min-np", max(shape.slots, ranks // 2), "--max-np", ranks,
+               "--network-interface", INTERFACE,
                "--host-discovery-script", discovery(hostfile), "--blacklist-cooldown-range", "5", "10",
-               sys.executable, CNN, *SMALL, "--elastic", "--elastic-commit-every", "5", "--batch-size", "4",
+               sys.executable, CNN, *SMALL, "--elastic", "--elastic-commit-every", "5", "--batch-size", 64 // ranks,
                "--epochs", ELASTIC_EPOCHS, "--checkpoint-every", "10", "--output-dir", out]
     ran = launch(four_hosts.on_first(command), timeout=TIMEOUT, env=four_hosts.env())
     watcher.join(timeout=1)
     assert "at" in killed, ran.describe()
     assert ran.returncode == 0 and not ran.timed_out, ran.describe()
     sizes = world_sizes(ran)
-    assert sizes[0] == RANKS and RANKS - SLOTS in sizes and sizes[-1] == RANKS, (sizes, ran.describe())
+    assert sizes[0] == ranks and ranks - shape.slots in sizes and sizes[-1] == ranks, (sizes, ran.describe())
     found = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(row["epoch"], row["train_samples"]) for row in found] == [
         (epoch, DIGITS_TRAIN) for epoch in range(1, ELASTIC_EPOCHS + 1)], found
     assert not rank_error_lines(ran.output) and not RANK_TRACEBACK.search(ran.output), ran.describe()
     assert "terminate called" not in ran.output, ran.describe()
-    print(f"elastic on four hosts: world sizes {sizes}")
+    print(f"elastic on {shape} hosts x slots: world sizes {sizes}")

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from support.bert_data import make_small_static_data
-from support.launch import RANK_TRACEBACK, SCRIPTS, horovodrun, launch
+from support.checks import ok
+from support.launch import SCRIPTS, horovodrun, launch
 from support.needs import require
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_horovod")]
@@ -27,12 +28,6 @@ PRETRAIN = SCRIPTS / "pretrain_bert.py"
 NP = max(1, min(2, torch.cuda.device_count()))
 # Compilation and cuDNN autotuning make first steps slow; the stall watchdog must wait.
 ENV = {"HVDTRAIN_WATCHDOG_SECONDS": "900", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "900"}
-
-
-def ok(run):
-    assert run.returncode == 0 and not run.timed_out, run.describe()
-    assert not RANK_TRACEBACK.search(run.output), run.describe()
-    return run
 
 
 def results(directory):

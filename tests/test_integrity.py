@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from support.bert_data import make_small_static_data
-from support.checks import ok, one_line_error
+from support.checks import ok, one_error_line
 from support.commands import CNN, DISCOVER, NO_ALLOCATION, PRETRAIN, QUICK_CNN, make_hostfile
 from support.image_data import make_cifar10
 from support.launch import SCRIPTS, horovodrun, launch, python
@@ -120,7 +120,7 @@ def test_a_cifar10_batch_that_would_run_code_is_refused_before_it_runs(tmp_path)
         pickle.dump({b"data": _RunsCode(marker), b"labels": [0]}, handle)
     run = horovodrun(2, [CNN, "--dataset", "cifar10", "--data", data, "--model", "convnet", "--epochs", "1",
                          "--output-dir", tmp_path / "out"], timeout=180)
-    error = one_line_error(run, f"refusing CIFAR-10 batch {data / 'data_batch_1'}", "system")
+    error = one_error_line(run, f"refusing CIFAR-10 batch {data / 'data_batch_1'}", "system")
     assert "posix.system" in error or "os.system" in error
     assert not marker.exists(), "the pickle's code ran"
 
@@ -187,7 +187,7 @@ def test_a_damaged_bert_shard_is_named_on_every_rank(small_shards, tmp_path):
         shard.write_bytes(bytes(data))
 
     data = damaged_copy(small_shards, tmp_path / "data", flip)
-    one_line_error(pretrain(data, tmp_path / "out"), "corrupt shard", "shard-00001.h5", "sha256 differs")
+    one_error_line(pretrain(data, tmp_path / "out"), "corrupt shard", "shard-00001.h5", "sha256 differs")
 
 
 def test_a_foreign_shard_with_token_ids_beyond_the_vocabulary_is_named(small_shards, tmp_path):
@@ -203,7 +203,7 @@ def test_a_foreign_shard_with_token_ids_beyond_the_vocabulary_is_named(small_sha
         entry["sha256"] = file_sha256(directory / entry["file"])
 
     data = damaged_copy(small_shards, tmp_path / "data", foreign)
-    one_line_error(pretrain(data, tmp_path / "out"), "corrupt shard", "shard-00000.h5", "input_ids holds values",
+    one_error_line(pretrain(data, tmp_path / "out"), "corrupt shard", "shard-00000.h5", "input_ids holds values",
                    "outside [0, ")
 
 

@@ -15,9 +15,10 @@ import torch
 from hvdtrain.runtime import nonfinite
 from hvdtrain.errors import UsageError
 from support.bert_data import make_small_static_data
-from support.checks import ok, the_one_error_line
+from support.checks import ok, one_error_line
 from support.commands import CNN, PRETRAIN, QUICK_CNN
 from support.launch import REPO, horovodrun
+from support.weights import checkpoint_at
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 
@@ -27,12 +28,6 @@ SKIPPED = re.compile(r"non-finite loss \(NaN or Inf\) at step (\d+) on rank (\d+
 
 def inject(spec):
     return {nonfinite.INJECT_ENV: spec}
-
-
-def stopped(run, status, *fragments):
-    """Every rank ended with ``status`` after one error line holding ``fragments``."""
-    assert not run.timed_out, run.describe()
-    return the_one_error_line(run, *fragments)
 
 
 def test_every_rank_skips_the_same_steps_and_keeps_equal_finite_weights():
@@ -52,7 +47,7 @@ def test_cnn_skips_the_bad_steps_and_finishes(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["completed"] and results["skipped_steps"] == 2, results
     assert math.isfinite(results["train_loss"]), results  # the skipped steps' NaN is not in the average
-    saved = torch.load(out / f"step-{results['steps']:09d}.pt", weights_only=True)
+    saved = checkpoint_at(out, results['steps'])
     assert saved["train_state"]["skipped_steps"] == 2
     assert all(torch.isfinite(value).all() for value in saved["model"].values())
 
@@ -63,7 +58,7 @@ def test_cnn_stop_mode_ends_every_rank_with_one_line_naming_step_and_rank(tmp_pa
     run = horovodrun(2, [CNN, *QUICK_CNN, "--epochs", "1", "--checkpoint-every", "2", "--nonfinite-loss", "stop",
                          "--output-dir", out], timeout=240, transport="mpi", env=inject("rank=1,steps=3"))
     assert run.returncode == nonfinite.NONFINITE_EXIT, run.describe()
-    stopped(run, 4, "non-finite loss (NaN or Inf) at step 3 on rank 1", "--nonfinite-loss stop")
+    one_error_line(run, "non-finite loss (NaN or Inf) at step 3 on rank 1", "--nonfinite-loss stop", status=nonfinite.NONFINITE_EXIT)
     # Nothing was saved after the bad step: the last checkpoint holds finite weights.
     assert sorted(path.name for path in out.glob("step-*.pt")) == ["step-000000002.pt"]
 
@@ -75,7 +70,7 @@ def test_too_many_skipped_steps_in_a_row_stop_every_rank(tmp_path):
                      env=inject("rank=0,steps=2,3;rank=1,steps=5,6,7"))
     # horovodrun --gloo exits 1 and names the first rank's status; both ranks exited 4.
     assert run.returncode != 0 and re.search(r"Exit code: 4\b", run.output), run.describe()
-    stopped(run, 4, "at step 7 on rank 1: 3 steps in a row (--max-nonfinite-steps 3)")
+    one_error_line(run, "at step 7 on rank 1: 3 steps in a row (--max-nonfinite-steps 3)", status=nonfinite.NONFINITE_EXIT)
     skipped = [(int(s), int(r)) for s, r in SKIPPED.findall(run.rank_output(0))]
     assert skipped == [(2, 0), (3, 0), (5, 1), (6, 1)], run.describe()
 
@@ -85,7 +80,7 @@ def test_adasum_cannot_skip_so_it_stops(tmp_path, need_mpi):
     run = horovodrun(2, [CNN, *QUICK_CNN, "--use-adasum", "--epochs", "1", "--output-dir", tmp_path / "out"],
                      timeout=240, transport="mpi", env=inject("rank=1,steps=2"))
     assert run.returncode == nonfinite.NONFINITE_EXIT, run.describe()
-    stopped(run, 4, "at step 2 on rank 1", "cannot be skipped")
+    one_error_line(run, "at step 2 on rank 1", "cannot be skipped", status=nonfinite.NONFINITE_EXIT)
 
 
 def test_bert_skips_the_bad_steps_with_accumulation(tmp_path):
@@ -101,7 +96,7 @@ def test_bert_skips_the_bad_steps_with_accumulation(tmp_path):
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
     # Skipped steps add nothing to the metrics: their rows are empty averages (NaN), the others finite.
     assert all(math.isfinite(row["mlm_loss"]) for row in rows if row["step"] not in (2, 3)), rows
-    saved = torch.load(out / "step-000000006.pt", weights_only=True)
+    saved = checkpoint_at(out, 6)
     assert all(torch.isfinite(value).all() for value in saved["model"].values())
 
 

@@ -16,7 +16,7 @@ import pytest
 from hvdtrain.runtime import consistency
 from hvdtrain.data import images
 from support.bert_data import make_small_static_data
-from support.checks import ok, one_line_error
+from support.checks import ok, one_error_line
 from support.commands import CNN, PRETRAIN, QUICK_CNN
 from support.image_data import make_image_folder
 from support.launch import launch
@@ -40,7 +40,7 @@ def per_rank(tmp_path, commands, timeout=240):
 def test_a_rank_with_another_lr_stops_every_rank(tmp_path):
     common = [CNN, *QUICK_CNN, "--epochs", "1", "--output-dir", tmp_path / "out"]
     run = per_rank(tmp_path, [[*common, "--lr", "0.1"], [*common, "--lr", "0.2"]])
-    one_line_error(run, "rank 1 differs from rank 0: lr 0.2 vs 0.1")
+    one_error_line(run, "rank 1 differs from rank 0: lr 0.2 vs 0.1")
     assert not (tmp_path / "out" / "metrics.jsonl").exists()  # stopped before training
 
 
@@ -49,7 +49,7 @@ def test_a_rank_reading_another_image_folder_stops_every_rank(tmp_path):
     other = make_image_folder(tmp_path / "b", train_per_class=5)
     common = [CNN, *FOLDER_RUN, "--output-dir", tmp_path / "out"]
     run = per_rank(tmp_path, [[*common, "--data", mine], [*common, "--data", other]])
-    one_line_error(run, "rank 1 differs from rank 0:", "train_samples 15 vs 12")
+    one_error_line(run, "rank 1 differs from rank 0:", "train_samples 15 vs 12")
 
 
 def test_a_copy_of_the_same_images_at_another_path_is_fine(tmp_path):
@@ -73,7 +73,7 @@ def test_a_rank_reading_other_bert_shards_stops_every_rank(tmp_path):
     common = [PRETRAIN, "--model", "tiny", "--batch-size", "2", "--steps", "2", "--output-dir", tmp_path / "out"]
     run = per_rank(tmp_path, [[*common, "--data", data], [*common, "--data", fewer]])
     total = metadata["num_instances"] + dropped["instances"]
-    one_line_error(run, "rank 1 differs from rank 0:", f"num_instances {metadata['num_instances']} vs {total}",
+    one_error_line(run, "rank 1 differs from rank 0:", f"num_instances {metadata['num_instances']} vs {total}",
                    "shards_sha256")
 
 

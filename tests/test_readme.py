@@ -18,8 +18,9 @@ import re
 
 import pytest
 
+from support.checks import ok, one_error_line
 from support.image_data import make_cifar10
-from support.launch import RANK_TRACEBACK, REPO, VENV_BIN, launch
+from support.launch import REPO, VENV_BIN, launch
 
 pytestmark = pytest.mark.usefixtures("need_horovod", "need_mpi")
 
@@ -57,8 +58,9 @@ def run(workdir, command, quick="", timeout=240, env=None, replace=None, pages=(
     return launch(["bash", "-c", f"{line} {quick}"], timeout, env={**AS_A_USER, **(env or {})}, cwd=workdir)
 
 
-def ok(ran):
-    assert ran.returncode == 0 and not ran.timed_out, ran.describe()
+def ran_as_documented(ran):
+    """ok (support/checks.py), and no rank tag glued inside a line of the output."""
+    ok(ran)
     glued = [line for line in ran.output.splitlines() if GLUED_TAG.search(line)]
     assert not glued, f"rank tags inside lines: {glued[:3]}\n{ran.describe()}"
     return ran
@@ -81,7 +83,7 @@ ONE_MACHINE = {
 @pytest.mark.parametrize("form", ONE_MACHINE)
 def test_one_machine_forms_train_and_report_progress(workdir, form):
     command = ONE_MACHINE[form]
-    ran = ok(run(workdir, command, "--epochs 1", pages=("README.md", "docs/launching.md")))
+    ran = ran_as_documented(run(workdir, command, "--epochs 1", pages=("README.md", "docs/launching.md")))
     summary = results(workdir / command.split("--output-dir ")[1])
     assert summary["world_size"] == 2 and summary["epochs"] == 1 and summary["steps"] == 44, summary
     # No terminal under a launcher: periodic progress lines (every 0.05 s here) instead of a bar.
@@ -103,13 +105,13 @@ SHA256_CHECK = "cd DIR && sha256sum -c step-*.pt.sha256"
 
 
 def test_cnn_example_then_its_relaunch_changes_nothing(workdir):
-    ok(run(workdir, CNN, "--epochs 1", pages=CNN_PAGES))
+    ran_as_documented(run(workdir, CNN, "--epochs 1", pages=CNN_PAGES))
     out = workdir / "runs" / "cnn"
     # docs/checkpoints.md: the sidecars check by hand with sha256sum.
-    checked = ok(run(workdir, SHA256_CHECK, replace={"DIR": "runs/cnn"}, timeout=60, pages=("docs/checkpoints.md",)))
+    checked = ran_as_documented(run(workdir, SHA256_CHECK, replace={"DIR": "runs/cnn"}, timeout=60, pages=("docs/checkpoints.md",)))
     assert re.search(r"^step-\d+\.pt: OK$", checked.output, re.M), checked.describe()
     before = {name: (out / name).read_bytes() for name in ("results.json", "metrics.jsonl")}
-    again = ok(run(workdir, CNN, "--epochs 1", pages=CNN_PAGES))
+    again = ran_as_documented(run(workdir, CNN, "--epochs 1", pages=CNN_PAGES))
     assert "holds a finished run" in again.output and "runs/cnn/results.json" in again.output, again.describe()
     assert before == {name: (out / name).read_bytes() for name in before}
 
@@ -117,7 +119,7 @@ def test_cnn_example_then_its_relaunch_changes_nothing(workdir):
 def test_cifar10_example_on_the_2_slot_hostfile(workdir):
     """The README's data path is swapped for a small file in CIFAR-10's layout."""
     data = make_cifar10(workdir / "cifar")
-    ok(run(workdir, CIFAR, "--epochs 1", replace={"/data/cifar-10-batches-py": str(data)}, pages=CNN_PAGES))
+    ran_as_documented(run(workdir, CIFAR, "--epochs 1", replace={"/data/cifar-10-batches-py": str(data)}, pages=CNN_PAGES))
     summary = results(workdir / "runs" / "cifar10")
     assert summary["dataset"] == "cifar10" and summary["model"] == "resnet56" and summary["world_size"] == 2
 
@@ -128,13 +130,13 @@ def test_make_demo_stopped_prints_a_command_that_resumes(workdir):
     for variable, value in (("$(VENV)/bin/", ""), ("$(NP)", "2"), ("$(PY)", ".venv/bin/python")):
         demo_line = demo_line.replace(variable, value)
     assert demo_line == DEMO  # the README's "make demo # = ..." is what make runs
-    stopped = ok(run(workdir, DEMO, "--epochs 1 --stop-after 3", pages=CNN_PAGES))
+    stopped = ran_as_documented(run(workdir, DEMO, "--epochs 1 --stop-after 3", pages=CNN_PAGES))
     said = re.search(r"stopped by --stop-after 3 at step 3: .*relaunch with the same launcher: (.*)$",
                      stopped.rank_output(0), re.M)
     assert said, stopped.describe()
     again = said[1]
     assert "--no-resume" not in again and "--stop-after" not in again, again
-    resumed = ok(launch(["bash", "-c", f"horovodrun -np 2 {again}"], 240, env=AS_A_USER, cwd=workdir))
+    resumed = ran_as_documented(launch(["bash", "-c", f"horovodrun -np 2 {again}"], 240, env=AS_A_USER, cwd=workdir))
     assert "restored step 3" in resumed.output, resumed.describe()
     assert results(workdir / "runs" / "demo-cnn")["completed"] is True
 
@@ -153,10 +155,10 @@ BERT_ELASTIC = ('horovodrun -np 2 --min-np 1 --max-np 2 --network-interface lo -
 
 
 def test_bert_examples_in_order_and_their_relaunches(workdir):
-    ok(run(workdir, PREPARE, "--dupe-factor 1", timeout=180, pages=BERT_PAGES))
-    ok(run(workdir, PREPARE_512, "--dupe-factor 1", timeout=180, pages=BERT_PAGES))
+    ran_as_documented(run(workdir, PREPARE, "--dupe-factor 1", timeout=180, pages=BERT_PAGES))
+    ran_as_documented(run(workdir, PREPARE_512, "--dupe-factor 1", timeout=180, pages=BERT_PAGES))
     for command, out, steps in ((PHASE1, "runs/bert", 20), (PHASE2, "runs/bert-phase2", 4)):
-        ran = ok(run(workdir, command, f"--steps {steps} --log-every 2", timeout=300, pages=BERT_PAGES))
+        ran = ran_as_documented(run(workdir, command, f"--steps {steps} --log-every 2", timeout=300, pages=BERT_PAGES))
         summary = results(workdir / out)
         assert summary["completed"] and summary["steps"] == steps and summary["world_size"] == 2, summary
         assert (workdir / out / "model" / "config.json").is_file()
@@ -164,11 +166,11 @@ def test_bert_examples_in_order_and_their_relaunches(workdir):
         assert "Writing model shards" not in ran.output, ran.describe()  # no Transformers progress bar
         # A plain relaunch of the finished run: says so, rewrites nothing (results.json included).
         before = (workdir / out / "results.json").read_bytes()
-        again = ok(run(workdir, command, f"--steps {steps} --log-every 2", timeout=300, pages=BERT_PAGES))
+        again = ran_as_documented(run(workdir, command, f"--steps {steps} --log-every 2", timeout=300, pages=BERT_PAGES))
         assert "holds a finished run" in again.output, again.describe()
         assert (workdir / out / "results.json").read_bytes() == before
     # docs/launching.md: elastic BERT on the phase-1 data prepared above.
-    ran = ok(run(workdir, BERT_ELASTIC, "--steps 10 --log-every 2", timeout=240, pages=("docs/launching.md",)))
+    ran = ran_as_documented(run(workdir, BERT_ELASTIC, "--steps 10 --log-every 2", timeout=240, pages=("docs/launching.md",)))
     summary = results(workdir / "runs" / "bert-elastic")
     assert summary["completed"] and summary["steps"] == 10 and summary["world_size"] == 2, (summary, ran.describe())
 
@@ -196,7 +198,7 @@ def test_make_hostfile_forms(workdir, command, env, expected):
 
 
 def test_elastic_example(workdir):
-    ran = ok(run(workdir, 'horovodrun -np 2 --min-np 1 --max-np 4 --network-interface lo --host-discovery-script '
+    ran = ran_as_documented(run(workdir, 'horovodrun -np 2 --min-np 1 --max-np 4 --network-interface lo --host-discovery-script '
                           '"python scripts/discover_hosts.py hostfiles/elastic" '
                           'python tests/workers/elastic_grow.py runs/elastic 2', timeout=180,
                  pages=("docs/launching.md",)))
@@ -204,7 +206,7 @@ def test_elastic_example(workdir):
 
 
 def test_elastic_cnn_example(workdir):
-    ran = ok(run(workdir, 'horovodrun -np 2 --min-np 1 --max-np 4 --network-interface lo --host-discovery-script '
+    ran = ran_as_documented(run(workdir, 'horovodrun -np 2 --min-np 1 --max-np 4 --network-interface lo --host-discovery-script '
                           '"python scripts/discover_hosts.py hostfiles/elastic" '
                           'python scripts/train_cnn.py --elastic --output-dir runs/cnn-elastic', "--epochs 1",
                  timeout=180, pages=("README.md", "docs/launching.md")))
@@ -213,21 +215,14 @@ def test_elastic_cnn_example(workdir):
 
 
 # ---------------------------------------------------------------- Troubleshooting
-def one_error_line(ran, script):
-    """The one error line; no rank printed a traceback (a launcher's own report may)."""
-    lines = [line for line in ran.output.splitlines() if f"{script}: error:" in line]
-    assert len(lines) == 1 and not RANK_TRACEBACK.search(ran.output), ran.describe()
-    return lines[0]
-
-
 def test_not_enough_slots_named_by_make_hostfile_and_oversubscribe_runs(workdir):
     check = run(workdir, "python scripts/make_hostfile.py --hostfile hostfiles/localhost -np 4", timeout=60,
                 pages=TROUBLESHOOTING)
     assert check.returncode == 2, check.describe()
-    assert "line 3: localhost 2 slots" in one_error_line(check, "make_hostfile.py")
+    one_error_line(check, "make_hostfile.py: error:", "line 3: localhost 2 slots")
     refused = run(workdir, NP4, replace={"--oversubscribe ": ""}, timeout=60, pages=TROUBLESHOOTING)
     assert refused.returncode != 0 and "not enough slots" in refused.output, refused.describe()
-    ok(run(workdir, NP4, "--epochs 1 --stop-after 3", timeout=240, pages=TROUBLESHOOTING))
+    ran_as_documented(run(workdir, NP4, "--epochs 1 --stop-after 3", timeout=240, pages=TROUBLESHOOTING))
     assert results(workdir / "runs" / "cnn-np4")["world_size"] == 4
 
 
@@ -249,7 +244,7 @@ def test_horovodrun_hostfile_check_and_conversion(workdir):
 def test_exit_status_of_bad_input_as_documented(workdir, command, status, report):
     ran = run(workdir, command, timeout=120, pages=TROUBLESHOOTING)
     assert ran.returncode == status and report in ran.output, ran.describe()
-    assert "must be at least 1, got 0" in one_error_line(ran, "train_cnn.py")
+    one_error_line(ran, "train_cnn.py: error:", "must be at least 1, got 0")
     assert f"`{command}` (exit {status})" in PAGES["docs/troubleshooting.md"]
 
 
@@ -276,7 +271,7 @@ BENCH_TRAIN = {
 @pytest.mark.parametrize("kind", BENCH_TRAIN)
 def test_benchmark_train_commands(workdir, kind):
     command, pages = BENCH_TRAIN[kind]
-    ran = ok(run(workdir, command, BENCH_QUICK, timeout=240, pages=pages))
+    ran = ran_as_documented(run(workdir, command, BENCH_QUICK, timeout=240, pages=pages))
     assert (workdir / "bench.json").is_file(), ran.describe()
     assert "images/s" in ran.output, ran.describe()
 

@@ -7,6 +7,8 @@ import re
 import sys
 import time
 
+import pytest
+
 from support.commands import CNN
 from support.launch import launch
 
@@ -21,6 +23,7 @@ def error_lines(output):
     return [line for line in output.splitlines() if re.search(r"(rank \d+|\w+\.py): error:", line)]
 
 
+@pytest.mark.scale  # at 2x2 on two hosts: test_four_nodes.py
 def test_a_frozen_node_at_16_ranks_is_one_line_naming_its_ranks(tmp_path, need_horovod, need_mpi):
     """Four ranks (a node's worth) frozen at once: rank 0 names them; the 12 others stay quiet."""
     started = time.monotonic()

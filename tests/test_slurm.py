@@ -22,8 +22,9 @@ from support.locks import lock_of
 from support.needs import require_module, require_program
 from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
 from support.slurm_cluster import run
-from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, events,
-                                final_checkpoint, probe_sbatch, send_usr1_to_batch_shell)
+from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, ended, events, probe_sbatch,
+                                send_usr1_to_batch_shell)
+from support.weights import assert_same_tensors, checkpoint_at
 
 SBATCH_FILES = [SLURM / "train_cnn.sbatch", SLURM / "pretrain_bert.sbatch"]
 JOB_TIMEOUT = 480  # jobs share 2 cores with the rest of the suite (a CI run saw 0.1 steps/s)
@@ -155,7 +156,7 @@ def test_train_cnn_sbatch_every_launcher_and_requeue_matches_uninterrupted(
         send_usr1_to_batch_shell(slurm_cluster, jobs[name])
 
     finished = {name: slurm_cluster.wait_for_end(job, JOB_TIMEOUT) for name, job in jobs.items()}
-    baseline = final_checkpoint(tmp_path / "uninterrupted", steps)
+    baseline = checkpoint_at(tmp_path / "uninterrupted", steps)
     for name, info in finished.items():
         log = (tmp_path / f"{name}.out").read_text()
         results = json.loads((tmp_path / name / "results.json").read_text())
@@ -165,7 +166,7 @@ def test_train_cnn_sbatch_every_launcher_and_requeue_matches_uninterrupted(
             continue
         assert_requeued_once(slurm_cluster, jobs[name], info, log)
         assert "SIGUSR1" in log, f"{name}: the script did not report stopping on SIGUSR1:\n{log}"
-        final = final_checkpoint(tmp_path / name, steps)
+        final = checkpoint_at(tmp_path / name, steps)
         assert_same_tensors(final["model"], baseline["model"], f"{name} model")
         assert_same_tensors(final["optimizer"], baseline["optimizer"], f"{name} optimizer")
 
@@ -186,15 +187,18 @@ def wait_for_checkpoint(cluster, job, directory):
         time.sleep(0.5)
 
 
+IMAGES = "images"
+
+
 @pytest.fixture(scope="module")
 def signalled_image_jobs(slurm_cluster, tmp_path_factory):
     """Four image-folder jobs side by side, each signalled once its DataLoader
     workers run: USR1 under srun, mpirun and horovodrun, and TERM to the batch
-    shell of a horovodrun job. Returns {name: (job info, log, output dir, data)}."""
+    shell of a horovodrun job, on the image folder IMAGES beside their output. Returns {name: Ended}."""
     require_module("horovod.torch")
     require_program("mpirun", "install Open MPI or `make setup` as root")
     root = tmp_path_factory.mktemp("signalled")
-    data = make_image_folder(root / "images", train_per_class=20)
+    data = make_image_folder(root / IMAGES, train_per_class=20)
     runs = {**{launcher: launcher for launcher in LAUNCHERS}, "horovodrun-term": "horovodrun"}
     jobs = {name: submit(slurm_cluster, SLURM / "train_cnn.sbatch", root / f"{name}.out",
                          ["--data", data, "--output-dir", root / name, *IMAGE_RUN, "--max-steps", IMAGE_STEPS],
@@ -204,8 +208,7 @@ def signalled_image_jobs(slurm_cluster, tmp_path_factory):
         wait_for_checkpoint(slurm_cluster, job, root / name)
         signal = "TERM" if name.endswith("-term") else "USR1"
         run(["scancel", f"--signal={signal}", "--batch", job], env=slurm_cluster.env())
-    return {name: (slurm_cluster.wait_for_end(job, JOB_TIMEOUT), (root / f"{name}.out").read_text(),
-                   root / name, data)
+    return {name: ended(slurm_cluster, job, root / f"{name}.out", root / name, JOB_TIMEOUT)
             for name, job in jobs.items()}
 
 
@@ -213,7 +216,7 @@ def signalled_image_jobs(slurm_cluster, tmp_path_factory):
 def test_usr1_with_dataloader_workers_requeues_and_finishes(signalled_image_jobs, launcher):
     """Slurm and the launchers signal a rank's whole process tree: DataLoader workers
     leave USR1 to their rank, which checkpoints; the requeued run finishes."""
-    info, log, out, _ = signalled_image_jobs[launcher]
+    info, log, out = signalled_image_jobs[launcher]
     assert_requeued_once(None, info.get("JobId"), info, log)
     assert re.search(r"stopped by SIGUSR1 \(rank \d\) at step \d+", log), log
     assert "Traceback" not in log and "exited unexpectedly" not in log, log
@@ -223,12 +226,13 @@ def test_usr1_with_dataloader_workers_requeues_and_finishes(signalled_image_jobs
 def test_term_to_a_horovodrun_batch_shell_reaches_the_ranks_and_resumes(signalled_image_jobs):
     """horovodrun does not forward SIGTERM: the batch shell signals the ranks itself;
     they checkpoint and exit 0, the job ends without a requeue, a relaunch resumes."""
-    info, log, out, data = signalled_image_jobs["horovodrun-term"]
+    info, log, out = signalled_image_jobs["horovodrun-term"]
+    data = out.parent / IMAGES
     assert info["JobState"] == "COMPLETED" and info.get("Restarts") == "0", f"{info}\n{log}"
     stopped = re.search(r"stopped by SIGTERM \(rank \d\) at step (\d+)", log)
     assert stopped and "Traceback" not in log, log
     step = int(stopped.group(1))
-    assert final_checkpoint(out, step)["train_state"]["step"] == step < IMAGE_STEPS
+    assert checkpoint_at(out, step)["train_state"]["step"] == step < IMAGE_STEPS
     resumed = horovodrun(2, [SCRIPTS / "train_cnn.py", "--data", data, "--output-dir", out, *IMAGE_RUN,
                              "--max-steps", step + 2], timeout=JOB_TIMEOUT)
     assert resumed.returncode == 0 and not resumed.timed_out, resumed.describe()

@@ -10,7 +10,11 @@ it trains, checkpoints, is requeued and resumes; it ends bit-identical to the
 uninterrupted srun job. --exclusive runs the jobs one at a time: 16 ranks already
 fill this machine's two cores. Then faults that only nodes have: under srun a
 frozen, a partitioned and a vanished node; under LAUNCHER=horovodrun-elastic
-(sbatch --no-kill) node4's slurmd and ranks killed, the job going on at 12.
+(sbatch --no-kill) the last node's slurmd and ranks killed, the job going on without it.
+
+`make test` runs the faults on two of the nodes with two ranks each (TWO_BY_2, the
+smallest real form: a node's ranks are several); `make test-scale` runs every test
+here at 16 ranks.
 """
 import json
 import re
@@ -23,13 +27,16 @@ from support.commands import CNN, DISCOVER
 from support.hosts import INTERFACE
 from support.launch import launch
 from support.needs import require_module, require_program
-from support.sixteen_ranks import (BERT_COMPARED_STEPS, RANKS, SMALL, assert_placed_four_per_host,
-                                   assert_same_weights_as, bert_reference, one_worker, sixteen_by_4)
+from support.sixteen_ranks import (BERT_COMPARED_STEPS, FOUR_BY_4, RANKS, SMALL, TWO_BY_2,
+                                   assert_placed_four_per_host, assert_same_weights_as, bert_reference, one_worker,
+                                   sixteen_by_4)
 from support.slurm_cluster import running_on
-from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, final_checkpoint,
-                                send_usr1_to_batch_shell)
+from support.slurm_jobs import LAUNCHERS, SLURM, assert_requeued_once, ended, send_usr1_to_batch_shell
+from support.weights import assert_same_tensors, checkpoint_at
 
-pytestmark = pytest.mark.whole_machine  # 16 ranks on 2 cores: the tests beside them would starve
+# 16 ranks on 2 cores: the tests beside them would starve, so they run alone.
+SIXTEEN = [pytest.mark.scale, pytest.mark.whole_machine]
+SHAPES = [pytest.param(TWO_BY_2, id=str(TWO_BY_2)), pytest.param(FOUR_BY_4, marks=SIXTEEN, id=str(FOUR_BY_4))]
 
 STEPS, CHECKPOINT_EVERY = 60, 20  # long enough that USR1 lands mid-run
 JOB_TIMEOUT = 600  # per job; they run one after another
@@ -46,7 +53,7 @@ def four_node_slurm(four_hosts):
 @pytest.fixture(scope="module")
 def four_node_jobs(four_node_slurm, four_hosts, tmp_path_factory):
     """The reference (one worker, batch 64) and one job per LAUNCHER, submitted at once;
-    the horovodrun job gets USR1 once it trains. Returns (reference, {launcher: (info, log, out)})."""
+    the horovodrun job gets USR1 once it trains. Returns (reference, {launcher: Ended})."""
     require_module("horovod.torch")
     require_program("horovodrun", "run `make setup`")
     require_program("mpirun", "install Open MPI or `make setup` as root")
@@ -58,8 +65,8 @@ def four_node_jobs(four_node_slurm, four_hosts, tmp_path_factory):
                                                "--output-dir", root / launcher])],
         env={**four_hosts.env(), "LAUNCHER": launcher}) for launcher in LAUNCHERS}
     signal_once_training(four_node_slurm, jobs["horovodrun"], root / "horovodrun.out")
-    return reference, {launcher: (four_node_slurm.wait_for_end(job, JOB_TIMEOUT * len(LAUNCHERS)),
-                                  (root / f"{launcher}.out").read_text(), root / launcher)
+    return reference, {launcher: ended(four_node_slurm, job, root / f"{launcher}.out", root / launcher,
+                                       JOB_TIMEOUT * len(LAUNCHERS))
                        for launcher, job in jobs.items()}
 
 
@@ -76,7 +83,7 @@ def signal_once_training(cluster, job, log):
     send_usr1_to_batch_shell(cluster, job)
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", [pytest.param(launcher, marks=SIXTEEN) for launcher in LAUNCHERS])
 def test_16_ranks_on_four_slurm_nodes_equal_one_worker(four_node_jobs, launcher):
     reference, jobs = four_node_jobs
     info, log, out = jobs[launcher]
@@ -88,6 +95,8 @@ def test_16_ranks_on_four_slurm_nodes_equal_one_worker(four_node_jobs, launcher)
     assert_placed_four_per_host(out)
 
 
+@pytest.mark.scale
+@pytest.mark.whole_machine
 def test_usr1_checkpoints_requeues_and_resumes_16_ranks_bit_identical(four_node_jobs):
     """horovodrun forwards no signal: the batch shell on node1 signals node1's ranks, the
     other 12 follow through the collective stop check; all stop after one step, the job
@@ -98,23 +107,35 @@ def test_usr1_checkpoints_requeues_and_resumes_16_ranks_bit_identical(four_node_
     stopped = re.search(r"stopped by SIGUSR1 \(rank 0\) at step (\d+)", log)
     assert stopped and 0 < int(stopped[1]) < STEPS, log
     assert f"(step {stopped[1]})" in log, log
-    expected, actual = final_checkpoint(jobs["srun"][2], STEPS), final_checkpoint(out, STEPS)
+    expected, actual = checkpoint_at(jobs["srun"].out, STEPS), checkpoint_at(out, STEPS)
     assert_same_tensors(actual["model"], expected["model"], "model")
     assert_same_tensors(actual["optimizer"]["state"], expected["optimizer"]["state"], "optimizer")
 
 
 # ----------------------------------------------------------------------- faults that only nodes have, under srun
-FAULT_JOB = [*SMALL, "--batch-size", "4", "--epochs", "3", "--checkpoint-every", "10"]
 QUICK_WATCHDOG = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"}
 
 
-def srun_job(cluster, hosts, log, out, env):
-    """16 ranks under LAUNCHER=srun (srun --mpi=pmix --kill-on-bad-exit), four per node."""
-    return cluster.sbatch(["--output", log, "--nodes=4", "--ntasks-per-node=4", "--exclusive",
-                           SLURM / "train_cnn.sbatch", *map(str, [*FAULT_JOB, "--output-dir", out])],
+def fault_job(shape):
+    """Batch 64 a step at every shape."""
+    return [*SMALL, "--batch-size", 64 // shape.ranks, "--epochs", "3", "--checkpoint-every", "10"]
+
+
+def on_nodes(shape):
+    """sbatch's options for ``shape``: its nodes by name, its ranks per node, alone on them."""
+    return [f"--nodelist={','.join(shape.hosts)}", f"--nodes={len(shape.hosts)}",
+            f"--ntasks-per-node={shape.slots}", "--exclusive"]
+
+
+def srun_job(cluster, hosts, log, out, env, shape):
+    """``shape``'s ranks under LAUNCHER=srun (srun --mpi=pmix --kill-on-bad-exit)."""
+    return cluster.sbatch(["--output", log, *on_nodes(shape),
+                           SLURM / "train_cnn.sbatch", *map(str, [*fault_job(shape), "--output-dir", out])],
                           env={**hosts.env(), "LAUNCHER": "srun", **env})
 
 
+@pytest.mark.scale
+@pytest.mark.whole_machine
 def test_pretrain_bert_16_ranks_under_srun_equal_one_worker(four_node_slurm, four_hosts, tmp_path):
     """sbatch --nodes=4 --ntasks-per-node=4 slurm/pretrain_bert.sbatch under srun: 16 ranks x 1
     sequence train the weights of one worker x 16 (support/sixteen_ranks.py's BERT workload)."""
@@ -167,76 +188,80 @@ def open_mpi_failed_at_start(info, text, out):
     return info.get("ExitCode") == "139:0" and bool(segfault) and not any(out.glob("step-*.pt"))
 
 
-def assert_one_line_naming_node4(log):
+def assert_one_line_naming_the_last_node(log, shape):
     errors = [line for line in log.splitlines() if re.search(r"rank \d+: error:", line)]
     assert len(errors) == 1 and "rank 0: error:" in errors[0], log
-    assert "ranks 12-15 (all 4 on node4)" in errors[0], log
+    assert shape.last_ranks() in errors[0], log
     assert "Traceback" not in log and "terminate called" not in log, log
     return errors[0]
 
 
-def test_a_frozen_node_under_srun_ends_the_job_with_one_line_naming_it(four_node_slurm, four_hosts, tmp_path):
-    """node4's four ranks SIGSTOPped after step 15: rank 0 names them, srun --kill-on-bad-exit
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_frozen_node_under_srun_ends_the_job_with_one_line_naming_it(four_node_slurm, four_hosts, shape, tmp_path):
+    """The last node's ranks SIGSTOPped after step 15: rank 0 names them, srun --kill-on-bad-exit
     ends the step (a stopped task still dies of SIGKILL), the job fails, one line."""
+    lost = f"{shape.ranks - shape.slots}-{shape.ranks - 1}"
     job = srun_job(four_node_slurm, four_hosts, tmp_path / "job.out", tmp_path / "run",
-                   {"HVDTRAIN_FAULT": "rank=12-15,step=15,kind=stop", **QUICK_WATCHDOG})
+                   {"HVDTRAIN_FAULT": f"rank={lost},step=15,kind=stop", **QUICK_WATCHDOG}, shape)
     try:
         info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
     finally:
-        four_hosts.vanish("node4", "train_cnn.py")  # should a stopped rank outlive the job
+        four_hosts.vanish(shape.last, "train_cnn.py")  # should a stopped rank outlive the job
     log = (tmp_path / "job.out").read_text(errors="replace")
     assert info["JobState"] == "FAILED", f"{info}\n{log}"
-    print(f"a frozen node under srun: {assert_one_line_naming_node4(log)}")
+    print(f"a frozen node under srun: {assert_one_line_naming_the_last_node(log, shape)}")
 
 
-def test_a_partitioned_node_under_srun_ends_the_job_within_120_s_with_one_line(four_node_slurm, four_hosts,
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_partitioned_node_under_srun_ends_the_job_within_120_s_with_one_line(four_node_slurm, four_hosts, shape,
                                                                                  tmp_path):
-    """node4's link taken down once the job has checkpointed (its ranks and slurmd alive, their
-    packets lost): rank 0 names node4's ranks, the job's batch step ends within 120 s of the cut.
-    Slurm finishes the job's cleanup on node4 when node4 answers again (or is declared down
-    after SlurmdTimeout): the job shows COMPLETING meanwhile."""
+    """The last node's link taken down once the job has checkpointed (its ranks and slurmd alive,
+    their packets lost): rank 0 names its ranks, the job's batch step ends within 120 s of the
+    cut. Slurm finishes the job's cleanup on that node when it answers again (or is declared
+    down after SlurmdTimeout): the job shows COMPLETING meanwhile."""
     out, log = tmp_path / "run", tmp_path / "job.out"
-    job = srun_job(four_node_slurm, four_hosts, log, out, QUICK_WATCHDOG)
+    job = srun_job(four_node_slurm, four_hosts, log, out, QUICK_WATCHDOG, shape)
     four_node_slurm.wait_for(job, lambda info: any(out.glob("step-*.pt")) or info.get("JobState") != "RUNNING"
                              and info.get("JobState") != "PENDING", "checkpointed", JOB_TIMEOUT)
     assert any(out.glob("step-*.pt")), log.read_text(errors="replace")
     cut = time.monotonic()
-    four_hosts.link("node4", "down")
+    four_hosts.link(shape.last, "down")
     try:
         four_node_slurm.wait_for(job, lambda info: info.get("JobState") != "RUNNING", "ended", JOB_TIMEOUT)
         ended = time.monotonic()
     finally:
-        four_hosts.link("node4", "up")
+        four_hosts.link(shape.last, "up")
         # The cut-off ranks would still hold their ports and memory when the next job starts.
-        four_hosts.vanish("node4", "train_cnn.py")
+        four_hosts.vanish(shape.last, "train_cnn.py")
     info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
     text = log.read_text(errors="replace")
     assert info["JobState"] == "FAILED", f"{info}\n{text}"
     assert ended - cut < 120, f"the job ran {ended - cut:.0f} s after the partition\n{text}"
-    line = assert_one_line_naming_node4(text)
+    line = assert_one_line_naming_the_last_node(text, shape)
     print(f"a partitioned node under srun: the job ended {ended - cut:.0f} s after the cut: {line}")
 
 
+@pytest.mark.parametrize("shape", SHAPES)
 def test_a_node_that_vanishes_under_srun_ends_the_job_and_the_last_checkpoint_resumes(four_node_slurm, four_hosts,
-                                                                                     tmp_path):
-    """node4's four ranks SIGKILLed at once once the job has checkpointed: srun names the node's
+                                                                                     shape, tmp_path):
+    """The last node's ranks SIGKILLed at once once the job has checkpointed: srun names the node's
     tasks, no rank adds a line of its own beyond rank 0's, and the job submitted again resumes
     from the last checkpoint."""
     out = tmp_path / "run"
 
     def submit(attempt):
         log = tmp_path / f"job{attempt}.out"
-        return srun_job(four_node_slurm, four_hosts, log, out, {}), log, out
+        return srun_job(four_node_slurm, four_hosts, log, out, {}, shape), log, out
 
     job, job_out, _ = past_open_mpi_start(four_node_slurm, submit, checkpointed=True)
-    four_hosts.vanish("node4", "train_cnn.py")
+    four_hosts.vanish(shape.last, "train_cnn.py")
     info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
     log = job_out.read_text(errors="replace")
     assert info["JobState"] == "FAILED", f"{info}\n{log}"
-    assert "node4" in log and len(re.findall(r"rank \d+: error:", log)) <= 1, log
+    assert shape.last in log and len(re.findall(r"rank \d+: error:", log)) <= 1, log
     assert "Traceback" not in log and "terminate called" not in log, log
     last = max(int(path.stem.split("-")[1]) for path in out.glob("step-*.pt"))
-    again = srun_job(four_node_slurm, four_hosts, tmp_path / "again.out", out, {})
+    again = srun_job(four_node_slurm, four_hosts, tmp_path / "again.out", out, {}, shape)
     info = four_node_slurm.wait_for_end(again, JOB_TIMEOUT)
     text = (tmp_path / "again.out").read_text(errors="replace")
     assert info["JobState"] == "COMPLETED" and f"restored step {last} from {out}" in text, f"{info}\n{text}"
@@ -257,21 +282,22 @@ SLURMD_TIMEOUT = 30
 COOLDOWN = (50, 60)
 
 
-def test_elastic_job_loses_node4s_slurmd_and_ranks_goes_on_at_12_and_completes(four_node_slurm, four_hosts,
-                                                                                 tmp_path):
-    """`sbatch --no-kill` with LAUNCHER=horovodrun-elastic, 16 ranks: node4 dies in epoch 2 (its
-    slurmd and its four ranks SIGKILLed at once). Horovod blacklists node4 and the 12 ranks of
-    node1-node3 go on from the last commit; Slurm flags node4 not responding, then DOWN, and
-    `discover_hosts.py --slurm` leaves it out, so the cooldown's end does not bring it back.
-    The job completes, exit 0, every epoch training every sample once."""
+@pytest.mark.parametrize("shape", SHAPES)
+def test_elastic_job_loses_a_nodes_slurmd_and_ranks_goes_on_without_it_and_completes(four_node_slurm, four_hosts,
+                                                                                      shape, tmp_path):
+    """`sbatch --no-kill` with LAUNCHER=horovodrun-elastic (2 nodes of 2 ranks, or 4 of 4): the
+    last node dies in epoch 2 (its slurmd and its ranks SIGKILLed at once). Horovod blacklists it
+    and the other nodes' ranks go on from the last commit; Slurm flags it not responding, then
+    DOWN, and `discover_hosts.py --slurm` leaves it out, so the cooldown's end does not bring it
+    back. The job completes, exit 0, every epoch training every sample once."""
     require_module("horovod.torch")
     require_program("horovodrun", "run `make setup`")
-    out, log = tmp_path / "run", tmp_path / "job.out"
+    out, log, lost, ranks = tmp_path / "run", tmp_path / "job.out", shape.last, shape.ranks
     four_node_slurm.reconfigure(SlurmdTimeout=SLURMD_TIMEOUT)
     try:
         job = four_node_slurm.sbatch(
-            ["--output", log, "--no-kill", "--nodes=4", "--ntasks-per-node=4", "--exclusive", SLURM / "train_cnn.sbatch",
-             *map(str, [*SMALL, "--elastic-commit-every", "5", "--batch-size", "4", "--lr", 0.1 / RANKS,
+            ["--output", log, "--no-kill", *on_nodes(shape), SLURM / "train_cnn.sbatch",
+             *map(str, [*SMALL, "--elastic-commit-every", "5", "--batch-size", 64 // ranks, "--lr", 0.1 / ranks,
                         "--epochs", ELASTIC_EPOCHS,
                         "--checkpoint-every", "10", "--output-dir", out])],
             env={**four_hosts.env(), "LAUNCHER": "horovodrun-elastic",
@@ -281,30 +307,31 @@ def test_elastic_job_loses_node4s_slurmd_and_ranks_goes_on_at_12_and_completes(f
             "PENDING", "RUNNING", "CONFIGURING"), "at step 30", JOB_TIMEOUT)
         assert (out / "step-000000030.pt").exists(), log.read_text(errors="replace")
         killed = time.monotonic()
-        four_hosts.vanish("node4", "slurmd")
-        four_hosts.vanish("node4", CNN.name)
-        flagged = wait_for_node_state(four_node_slurm, "node4", lambda state: state.endswith("*"), 60)
-        assert flagged - killed < COOLDOWN[0], f"Slurm flagged node4 {flagged - killed:.0f} s after its slurmd died"
-        discovered = discover_in_job(four_node_slurm, job, tmp_path / "discovery-state")
+        four_hosts.vanish(lost, "slurmd")
+        four_hosts.vanish(lost, CNN.name)
+        flagged = wait_for_node_state(four_node_slurm, lost, lambda state: state.endswith("*"), 60)
+        assert flagged - killed < COOLDOWN[0], f"Slurm flagged {lost} {flagged - killed:.0f} s after its slurmd died"
+        discovered = discover_in_job(four_node_slurm, job, tmp_path / "discovery-state", shape)
         info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
     finally:
-        four_hosts.vanish("node4", CNN.name)
-        four_node_slurm.start_slurmd("node4")
+        four_hosts.vanish(lost, CNN.name)
+        four_node_slurm.start_slurmd(lost)
         four_node_slurm.reconfigure(SlurmdTimeout=None)
     text = log.read_text(errors="replace")
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text}"
     assert "launcher horovodrun-elastic" in text and "--host-discovery-script" in text, text
-    assert discovered.output.splitlines()[-3:] == ["node1:4", "node2:4", "node3:4"], discovered.describe()
-    left_out = re.search(r"discover_hosts.py: leaving out node4 \([^)]*\)", text)
+    kept = [f"{host}:{shape.slots}" for host in shape.hosts[:-1]]
+    assert discovered.output.splitlines()[-len(kept):] == kept, discovered.describe()
+    left_out = re.search(rf"discover_hosts.py: leaving out {lost} \([^)]*\)", text)
     assert left_out, text  # said once in the job's log, by the discovery horovodrun ran
     sizes = [int(n) for n in re.findall(r"(\d+) workers? x batch", text)]
-    assert sizes[0] == RANKS and len(sizes) > 1 and set(sizes[1:]) == {RANKS - 4}, (sizes, text)
-    assert json.loads((out / "results.json").read_text())["world_size"] == RANKS - 4
+    assert sizes[0] == ranks and len(sizes) > 1 and set(sizes[1:]) == {ranks - shape.slots}, (sizes, text)
+    assert json.loads((out / "results.json").read_text())["world_size"] == ranks - shape.slots
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(row["epoch"], row["train_samples"]) for row in rows] == [
         (epoch, DIGITS_TRAIN) for epoch in range(1, ELASTIC_EPOCHS + 1)], rows
     assert "Traceback" not in text and "terminate called" not in text, text
-    print(f"elastic under Slurm: node4 flagged {flagged - killed:.0f} s after it died; world sizes {sizes}; "
+    print(f"elastic under Slurm: {lost} flagged {flagged - killed:.0f} s after it died; world sizes {sizes}; "
           f"{left_out[0]}")
 
 
@@ -318,9 +345,10 @@ def wait_for_node_state(cluster, node, done, timeout):
     pytest.fail(f"node {node} still {cluster.node_state(node)!r} after {timeout} s")
 
 
-def discover_in_job(cluster, job, state):
+def discover_in_job(cluster, job, state, shape):
     """discover_hosts.py --slurm on node1 with the job's allocation, as horovodrun runs it there."""
-    env = cluster.env({"SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "node[1-4]", "SLURM_TASKS_PER_NODE": "4(x4)",
+    env = cluster.env({"SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": ",".join(shape.hosts),
+                       "SLURM_TASKS_PER_NODE": f"{shape.slots}(x{len(shape.hosts)})",
                        "HVD_DISCOVERY_STATE": str(state)})
     ran = launch(cluster.on("node1", [sys.executable, DISCOVER, "--slurm"]), timeout=60, env=env)
     assert ran.returncode == 0, ran.describe()

@@ -19,8 +19,9 @@ from support.bert_data import prepare_bert_data
 from support.launch import REPO
 from support.needs import require_module, require_program
 from support.slurm_cluster import running_on
-from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, assert_same_tensors, events,
-                                final_checkpoint, probe_sbatch, send_usr1_to_batch_shell)
+from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, ended, events, probe_sbatch,
+                                send_usr1_to_batch_shell)
+from support.weights import assert_same_tensors, checkpoint_at
 
 
 JOB_TIMEOUT = 420  # ten jobs of two ranks share this machine's cores
@@ -58,7 +59,7 @@ def submit_on_two_nodes(cluster, two_hosts, sbatch_file, log, args, launcher, la
 @pytest.fixture(scope="module")
 def two_node_jobs(two_node_slurm, two_hosts, tmp_path_factory):
     """Every job of this module, submitted at once; the probes and the horovodrun CNN
-    run get USR1. Returns {name: (job info, log text, output directory)}."""
+    run get USR1. Returns {name: Ended}."""
     require_module("horovod.torch")
     require_program("horovodrun", "run `make setup`")
     require_program("mpirun", "install Open MPI or `make setup` as root")
@@ -81,7 +82,7 @@ def two_node_jobs(two_node_slurm, two_hosts, tmp_path_factory):
     ready = {name: (lambda out=root / name: bool(events(out, 0) and events(out, 1))) for name in PROBES}
     ready["cnn-horovodrun"] = lambda: "convnet on digits" in read_log(root / "cnn-horovodrun.out")
     signal_when_ready(two_node_slurm, jobs, ready)
-    return {name: (two_node_slurm.wait_for_end(job, JOB_TIMEOUT), (root / f"{name}.out").read_text(), root / name)
+    return {name: ended(two_node_slurm, job, root / f"{name}.out", root / name, JOB_TIMEOUT)
             for name, job in jobs.items()}
 
 
@@ -131,8 +132,8 @@ def test_train_cnn_on_two_nodes_matches_the_srun_run(two_node_jobs, launcher):
     else:
         assert info["JobState"] == "COMPLETED" and info.get("Restarts") == "0", f"{info}\n{log}"
         assert_ran_on_both_hosts(log, launcher)
-    baseline = final_checkpoint(two_node_jobs["cnn-srun"][2], CNN_STEPS)
-    final = final_checkpoint(out, CNN_STEPS)
+    baseline = checkpoint_at(two_node_jobs["cnn-srun"].out, CNN_STEPS)
+    final = checkpoint_at(out, CNN_STEPS)
     assert_same_tensors(final["model"], baseline["model"], f"{launcher} model")
     assert_same_tensors(final["optimizer"], baseline["optimizer"], f"{launcher} optimizer")
 

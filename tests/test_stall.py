@@ -13,7 +13,7 @@ from support.launch import REPO, horovodrun
 WORKER = REPO / "tests" / "workers" / "frozen_rank.py"
 
 
-@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+@pytest.mark.parametrize("transport", ["gloo", pytest.param("mpi", marks=pytest.mark.scale)])
 def test_frozen_rank_ends_the_job(transport, need_horovod, need_mpi):
     started = time.monotonic()
     run = horovodrun(2, [WORKER], timeout=120, transport=transport,

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from support.bert_data import make_small_static_data
-from support.checks import the_one_error_line
+from support.checks import one_error_line
 from support.commands import CNN, PRETRAIN, QUICK_CNN, SLOW_RANK_WATCH, SLOW_SHARE
 from support.launch import horovodrun, launch, wait_then
 from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
@@ -135,8 +135,8 @@ def test_checkpoint_exit_names_the_host_exits_5_and_the_run_resumes(tmp_path, ne
     assert throttled and stopped.returncode != 0 and not stopped.timed_out, stopped.describe()
     assert f"Exit code: {STRAGGLER_EXIT}\n" in stopped.output, stopped.describe()
     host = "localhost"  # horovodrun's name for this machine (HOROVOD_HOSTNAME), as in its -H and hostfiles
-    line = the_one_error_line(stopped, f"rank 1 on {host} is the straggler", "checkpoint written to",
-                              f"relaunch without {host}")
+    line = one_error_line(stopped, f"rank 1 on {host} is the straggler", "checkpoint written to",
+                          f"relaunch without {host}", status=STRAGGLER_EXIT)
     assert host_file.read_text().strip() == host, line
     step = json.loads((out / "results.json").read_text())["steps"]
     assert 0 < step < 60 and (out / f"step-{step:09d}.pt").exists(), line

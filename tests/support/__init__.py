@@ -12,6 +12,8 @@
     fault_cells.py    the fault matrix's cells (tests/test_faults.py, tools/fault_matrix.py)
     machine.py        the machine's cores: shared by most tests, whole for the 16-rank ones
     locks.py          run.lock files as another run would have written them
+    weights.py        checkpoints, and comparing the weights of two runs (fp32 across batch splits)
+    costs.py          each test's CPU-seconds, summed up at the end of the run
 
 Imported as ``support.<module>``: pytest.ini puts tests/ (and scripts/) on the
 path of the test process, and `make setup` adds both to the venv (a .pth file)

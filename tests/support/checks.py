@@ -3,6 +3,10 @@ import re
 
 from .launch import RANK_TRACEBACK
 
+# A traceback printed by a process: a line starting "Traceback", with a launcher's rank tag or without.
+ANY_TRACEBACK = re.compile(r"^(?:\[[\d,]+\]<std(?:out|err)>:)?\s*Traceback", re.M)
+ERROR_LINE = re.compile(r"\w+\.py: error:")
+
 
 def succeeded(run):
     """Exit status 0 within the timeout."""
@@ -17,18 +21,19 @@ def ok(run):
     return run
 
 
-def the_one_error_line(run, *fragments):
-    """The job's single "SCRIPT.py: error:" line, holding every fragment; no rank traceback."""
-    assert not RANK_TRACEBACK.search(run.output), run.describe()
-    errors = [line for line in run.output.splitlines() if re.search(r"\w+\.py: error:", line)]
+def one_error_line(run, *naming, status=2):
+    """The job's single "SCRIPT.py: error:" line, holding each of ``naming``; returned.
+
+    The job ended within its timeout with ``status`` (None: any failure): its own exit
+    status, or where a launcher exits 1 for a failed rank (horovodrun), the status its
+    one-line report gives ("Exit code: 2"). No process printed a traceback.
+    """
+    assert not run.timed_out and run.returncode not in (0, None), run.describe()
+    if status is not None:
+        assert run.returncode == status or re.search(rf"Exit code: {status}\b", run.output), run.describe()
+    assert not ANY_TRACEBACK.search(run.output), run.describe()
+    errors = [line for line in run.output.splitlines() if ERROR_LINE.search(line)]
     assert len(errors) == 1, run.describe()
-    for fragment in fragments:
+    for fragment in naming:
         assert fragment in errors[0], run.describe()
     return errors[0]
-
-
-def one_line_error(run, *fragments):
-    """Exit status 2 on the ranks, one line, no rank traceback (horovodrun's own report aside)."""
-    assert run.returncode != 0 and not run.timed_out, run.describe()
-    assert re.search(r"Exit code: 2\b", run.output), run.describe()
-    return the_one_error_line(run, *fragments)

@@ -1,13 +1,25 @@
 """The slurm/ sbatch files' jobs, as test_slurm.py and test_slurm_two_nodes.py run and judge them."""
 import json
 from pathlib import Path
-
-import torch
+from typing import NamedTuple
 
 from .launch import REPO
 
 SLURM = REPO / "slurm"
 LAUNCHERS = ("srun", "mpirun", "horovodrun")
+
+
+class Ended(NamedTuple):
+    """A job once it ended, as a test judges it."""
+    info: dict  # scontrol's fields: JobState, ExitCode, Restarts, ...
+    log: str  # its --output file's text
+    out: Path  # the run's --output-dir
+
+
+def ended(cluster, job, log, out, timeout):
+    """Wait for ``job`` to end: its Ended."""
+    info = cluster.wait_for_end(job, timeout)
+    return Ended(info, Path(log).read_text(errors="replace"), Path(out))
 
 
 def probe_sbatch(tmp_path):
@@ -36,20 +48,3 @@ def assert_requeued_once(cluster, job, info, log):
     assert info.get("Restarts") == "1", f"job {job} was not requeued exactly once: {info}\n{log}"
     for expected in ("restart count 0", "USR1: asking the ranks", "requeueing job", "restart count 1"):
         assert expected in log, f"job {job} log lacks {expected!r}:\n{log}"
-
-
-def final_checkpoint(directory, step):
-    return torch.load(Path(directory) / f"step-{step:09d}.pt", map_location="cpu", weights_only=True)
-
-
-def assert_same_tensors(a, b, where):
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), f"{where} differs"
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_same_tensors(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for index, (x, y) in enumerate(zip(a, b)):
-            assert_same_tensors(x, y, f"{where}[{index}]")
