@@ -35,13 +35,42 @@ Every result file records the environment and the exact command.
 
 Each mode lives in hvdtrain/bench/: train.py, allreduce.py, scaling.py (scaling
 and compare), tune.py, timeline.py, predict.py and bounds.py (predict --validate); backends.py (Horovod, DDP, one process),
-workloads.py (the trainers' steps) and record.py (statistics, environment, JSON).
+workloads.py (the trainers' steps) and record.py (statistics, environment, JSON); options.py their command lines.
 """
 import sys
 from pathlib import Path
 
 from hvdtrain import cli
-from hvdtrain.bench import allreduce, bounds, predict, scaling, timeline, train, tune
+from hvdtrain.bench import options
+
+
+def parse_args(argv=None):
+    parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    modes = parser.add_subparsers(dest="mode", required=True, metavar="MODE",
+                                  parser_class=cli.ArgumentParser)
+    options.add_train_arguments(modes)
+    options.add_allreduce_arguments(modes)
+    script = Path(__file__).resolve()  # scaling, compare and tune launch this script's train mode
+    options.add_scaling_arguments(modes, script=script)
+    options.add_tune_arguments(modes, script=script)
+    options.add_timeline_arguments(modes)
+    options.add_predict_arguments(modes)
+    argv = sys.argv[1:] if argv is None else argv
+    passed = argv[argv.index("--") + 1:] if "--" in argv else []  # after --: for every launched train
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.train_args = passed
+    if args.mode == "train":
+        options.check_train_arguments(args)
+    if args.mode == "allreduce":
+        options.check_allreduce_arguments(args, parser)
+    return args
+
+
+if __name__ == "__main__":
+    # --help and a bad argument answer here, before the modes' code (torch, Horovod) loads.
+    cli.run_main(parse_args)
+
+from hvdtrain.bench import allreduce, bounds, predict, scaling, timeline, train, tune  # noqa: E402
 
 
 def run_predict(args):
@@ -51,27 +80,6 @@ def run_predict(args):
 
 MODES = {"train": train.run, "allreduce": allreduce.run, "scaling": scaling.run_scaling,
          "compare": scaling.run_compare, "tune": tune.run, "timeline": timeline.run, "predict": run_predict}
-
-
-def parse_args(argv=None):
-    parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    modes = parser.add_subparsers(dest="mode", required=True, metavar="MODE",
-                                  parser_class=cli.ArgumentParser)
-    train.add_arguments(modes)
-    allreduce.add_arguments(modes)
-    scaling.add_arguments(modes, script=Path(__file__).resolve())  # scaling, compare: they launch this train
-    tune.add_arguments(modes, script=Path(__file__).resolve())  # tune too
-    timeline.add_arguments(modes)
-    predict.add_arguments(modes)
-    argv = sys.argv[1:] if argv is None else argv
-    passed = argv[argv.index("--") + 1:] if "--" in argv else []  # after --: for every launched train
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    args.train_args = passed
-    if args.mode == "train":
-        train.check_arguments(args)
-    if args.mode == "allreduce":
-        allreduce.check_arguments(args, parser)
-    return args
 
 
 def main():

@@ -17,7 +17,6 @@ Memory holds a chunk of text or one shard at a time. The output format is
 described in hvdtrain/data/bert_data.py (SHARD_FORMAT_DOC).
 """
 import atexit
-import itertools
 import math
 import shutil
 import time

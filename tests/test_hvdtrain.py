@@ -244,3 +244,13 @@ def test_progress_interval_and_durations():
 def test_a_rate_that_was_not_timed_says_so():
     assert metrics.rate_text(863.24, "images") == "863.2 images/s"
     assert metrics.rate_text(0.0, "images") == "images/s: too few steps to time"
+
+
+def test_the_option_lists_name_the_models_that_exist():
+    """options.py names the models for the early parse; the model code builds them."""
+    from hvdtrain import options
+    from hvdtrain.bench import options as bench_options
+    from hvdtrain.models import bert, resnet
+    assert sorted(options.CNN_MODELS) == sorted(resnet.MODELS)
+    assert sorted(bench_options.CNN_MODELS) == sorted(resnet.MODELS)
+    assert bert.PRESETS is options.BERT_PRESETS

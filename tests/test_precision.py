@@ -8,6 +8,7 @@ from dataclasses import fields
 import pytest
 import torch
 
+from hvdtrain import options
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime import precision
 from hvdtrain.runtime.settings import resume_differences
@@ -82,7 +83,7 @@ def test_auto_on_this_machine_follows_its_cpuinfo():
 
 def test_amp_flags_are_spellings_of_fp16_and_fp32():
     parser = argparse.ArgumentParser()
-    precision.add_arguments(parser, cuda_auto="fp16", amp_alias=True)
+    options.add_precision_arguments(parser, cuda_auto="fp16", amp_alias=True)
     assert parser.parse_args([]).precision == "auto"
     assert parser.parse_args(["--amp"]).precision == "fp16"
     assert parser.parse_args(["--no-amp"]).precision == "fp32"

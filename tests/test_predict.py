@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hvdtrain.bench import bounds, predict
+from hvdtrain.bench import bounds, options, predict
 from support.launch import REPO, SCRIPTS, launch, python
 
 BENCH = SCRIPTS / "benchmark.py"
@@ -67,7 +67,7 @@ def test_predict_cli_prints_every_node_count_and_the_fp16_verdict():
                   "--cast-gbps", "500"], timeout=120)
     assert ran.returncode == 0, ran.describe()
     rows = predicted_rows(ran.output)
-    assert [row[0] for row in rows] == predict.NODES, ran.describe()
+    assert [row[0] for row in rows] == options.NODES, ran.describe()
     for nodes, comm, step, efficiency, comm16, step16, efficiency16 in rows:
         assert step >= 100.0 and efficiency == pytest.approx(100.0 / step, abs=1e-3)
         assert comm16 < comm  # half the bytes

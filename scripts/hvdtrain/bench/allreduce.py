@@ -4,50 +4,17 @@ Allreduce and torch.distributed's all_reduce on the same ranks.
 Time, algorithm bandwidth and bus bandwidth (algbw x 2(n-1)/n) side by side,
 as nccl-tests reports them.
 """
-import argparse
 import statistics
 import time
 
 import torch
 import horovod.torch as hvd
 
-from hvdtrain import cli
 from hvdtrain.bench import backends
 from hvdtrain.bench.record import environment, write_json
 from hvdtrain.launch.mpi_world import launched_size
 
 CHUNKS = 5  # allreduce timings: the median of this many chunks of iterations
-
-
-def add_arguments(modes):
-    parser = modes.add_parser("allreduce", help="allreduce message-size sweep: Horovod, mpi4py, torch.distributed")
-    parser.add_argument("--min-bytes", type=size_in_bytes, default="1K", help="smallest message (K, M suffixes)")
-    parser.add_argument("--max-bytes", type=size_in_bytes, default="256M", help="largest message")
-    parser.add_argument("--factor", type=cli.positive_int, default=4, help="size step between messages")
-    parser.add_argument("--dtypes", nargs="+", choices=["float32", "float16"], default=["float32", "float16"],
-                        help="element types")
-    parser.add_argument("--libraries", nargs="+", choices=["horovod", "mpi", "torch"],
-                        default=["horovod", "mpi", "torch"],
-                        help="mpi: mpi4py's Allreduce (needs an MPI launch); torch: torch.distributed (Gloo)")
-    parser.add_argument("--seconds", type=cli.positive_float, default=0.5,
-                        help="timed seconds per size and library, roughly (at least 5 iterations)")
-    backends.add_common_arguments(parser)
-
-
-def check_arguments(args, parser):
-    if args.min_bytes > args.max_bytes:
-        parser.error("--min-bytes is larger than --max-bytes")
-
-
-def size_in_bytes(text):
-    units = {"K": 2**10, "M": 2**20, "G": 2**30}
-    try:
-        value = int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
-    except (ValueError, IndexError):
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4096, 64K, 256M)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"not a positive size: {text!r}")
-    return value
 
 
 def run(args):

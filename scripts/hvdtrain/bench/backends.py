@@ -14,23 +14,15 @@ Each reads the options ``add_common_arguments`` adds (``--cpu``, ``--threads``;
 """
 import os
 import socket
-from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
 import horovod.torch as hvd
 
-from hvdtrain import cli
 from hvdtrain.runtime import dist
 from hvdtrain.errors import UsageError
 from hvdtrain.launch.mpi_world import launched_size
 
-
-def add_common_arguments(parser):
-    """The options of the modes that start a backend (train, allreduce)."""
-    parser.add_argument("--output", type=Path, metavar="FILE", help="also write the results as JSON here")
-    parser.add_argument("--cpu", action="store_true", help="ignore GPUs")
-    parser.add_argument("--threads", type=cli.positive_int, help="CPU threads per rank; unset: cores / ranks")
 
 
 def threads_for(local_size, threads=None):

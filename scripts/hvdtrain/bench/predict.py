@@ -23,10 +23,9 @@ from pathlib import Path
 import torch
 
 from hvdtrain import cli
-from hvdtrain.bench import workloads
+from hvdtrain.bench.options import BERT_MODELS, CNN_MODELS
 
 MIB = 2**20
-NODES = [2**k for k in range(1, 10)]  # 2 .. 512
 
 
 def ring_allreduce_seconds(nbytes, nodes, busbw, latency):
@@ -79,10 +78,10 @@ def gradient_tensors(model, vocab_size=30522):
     last layer first: the order backward makes them ready. Built on the meta device."""
     from hvdtrain.models import bert, resnet
     with torch.device("meta"):
-        if model in workloads.CNN_MODELS:
-            built = resnet.build(model, workloads.CNN_MODELS[model][1])
+        if model in CNN_MODELS:
+            built = resnet.build(model, CNN_MODELS[model][1])
         else:
-            built = bert.build_model(bert.preset_config(workloads.BERT_MODELS[model], vocab_size))
+            built = bert.build_model(bert.preset_config(BERT_MODELS[model], vocab_size))
     return [p.numel() for p in built.parameters() if p.requires_grad][::-1]
 
 
@@ -120,45 +119,6 @@ def compute_from_result(path):
     knobs = data["environment"]["knobs"]
     return knobs["batch_size"] * knobs["accumulation_steps"] / data["per_worker"]["median"]
 
-
-def add_arguments(modes):
-    parser = modes.add_parser("predict", help="predicted step time and efficiency on 2-512 nodes (a model)")
-    what = parser.add_mutually_exclusive_group()
-    what.add_argument("--model", choices=workloads.MODELS, metavar="MODEL",
-                      help="gradients of this model of hvdtrain.models, as benchmark.py train has them "
-                           "(resnet50, bert-large, ...)")
-    what.add_argument("--gradient-bytes", type=float, help="fp32 gradient bytes per step instead of --model")
-    parser.add_argument("--tensors", type=cli.positive_int, default=100,
-                        help="with --gradient-bytes: that many equal gradient tensors")
-    compute = parser.add_mutually_exclusive_group()
-    compute.add_argument("--compute-ms", type=cli.positive_float,
-                         help="one worker's compute per step (forward, backward, update; every backward pass "
-                              "of a step with accumulation), ms")
-    compute.add_argument("--compute-from", type=Path, metavar="TRAIN_JSON",
-                         help="a `benchmark.py train --baseline none` JSON: its step time")
-    link = parser.add_mutually_exclusive_group()
-    link.add_argument("--link-gbit", type=cli.positive_float,
-                      help="link rate, Gbit/s, taken as the busbw (default: 100 without the other two)")
-    link.add_argument("--busbw-gbps", type=cli.positive_float, help="measured allreduce bus bandwidth, GB/s")
-    link.add_argument("--sweep", type=Path, metavar="SWEEP_JSON",
-                      help="a `benchmark.py allreduce` JSON: busbw of its largest message, latency of its smallest")
-    parser.add_argument("--library", choices=["horovod", "mpi", "torch"], default="horovod",
-                        help="the sweep's rows to read")
-    parser.add_argument("--latency-us", type=cli.positive_float,
-                        help="latency per ring step, microseconds (default: the sweep's, else 10)")
-    parser.add_argument("--fusion-mb", type=float, default=128,
-                        help="HOROVOD_FUSION_THRESHOLD in MiB (0: no fusion)")
-    parser.add_argument("--overlap", type=cli.fraction, default=1.0,
-                        help="share of the backward pass that can hide communication")
-    parser.add_argument("--backward-share", type=cli.fraction, default=0.67,
-                        help="backward's share of the compute time")
-    parser.add_argument("--cast-gbps", type=cli.positive_float,
-                        help="fp32 -> fp16 cast throughput, GB/s of fp32 (default: measured here)")
-    parser.add_argument("--nodes", type=cli.positive_int, nargs="+", default=NODES,
-                        help="node counts, one worker each (default: 2 4 8 ... 512)")
-    parser.add_argument("--validate", type=Path, metavar="STUDY_JSON",
-                        help="a tools/link_study.py study.json: each cell against its bound and the prediction")
-    parser.add_argument("--vocab-size", type=cli.positive_int, default=30522, help="BERT models' vocabulary")
 
 
 def cast_bandwidth(args):

@@ -15,42 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hvdtrain import cli
 from hvdtrain.bench.record import command_line, summarize, write_json
 from hvdtrain.errors import UsageError
-
-
-def add_arguments(modes, script):
-    """The scaling and compare modes; ``script``: the benchmark.py whose train mode they launch."""
-    scaling = modes.add_parser("scaling", help="run train for several world sizes with horovodrun",
-                               epilog="Arguments after -- go to `benchmark.py train`.")
-    scaling.add_argument("--np", nargs="+", type=cli.positive_int, default=[1, 2], help="world sizes")
-    add_launch_arguments(scaling)
-    scaling.add_argument("--horovodrun-args", default="",
-                         help="more horovodrun options, e.g. '-H a:2,b:2 --network-interface eth0'")
-    scaling.add_argument("--output-dir", type=Path, default=Path("runs/scaling"),
-                         help="train-np<N>.json per size, scaling.json, scaling.png")
-    scaling.add_argument("--timeout", type=cli.positive_int, default=1800, help="seconds per launch")
-    compare = modes.add_parser("compare", help="Horovod, DDP, one Horovod worker and no distribution, "
-                                               "interleaved, with their ratios",
-                               epilog="Arguments after -- go to every `benchmark.py train` run.")
-    compare.add_argument("--np", type=cli.positive_int, default=2, help="workers of the Horovod and DDP runs")
-    add_launch_arguments(compare)
-    compare.add_argument("--repeats", type=cli.positive_int, default=3,
-                         help="rounds of the four runs, one after another (drift hits all four alike)")
-    compare.add_argument("--horovod-args", default="",
-                         help="train options for the Horovod runs only, e.g. '--cycle-time-ms 5'")
-    compare.add_argument("--horovodrun-args", default="", help="more horovodrun options")
-    compare.add_argument("--output-dir", type=Path, default=Path("runs/compare"),
-                         help="one JSON per run, compare.json")
-    compare.add_argument("--timeout", type=cli.positive_int, default=1800, help="seconds per launch")
-    for parser in (scaling, compare):
-        parser.set_defaults(script=script)
-
-
-def add_launch_arguments(parser):
-    parser.add_argument("--controller", choices=["gloo", "mpi"], default="mpi",
-                        help="horovodrun --mpi (horovodrun's own default where MPI is installed) or --gloo")
 
 
 # ============================================================================= launching

@@ -10,12 +10,6 @@ from hvdtrain.bench.record import write_json
 from hvdtrain.errors import UsageError
 
 
-def add_arguments(modes):
-    parser = modes.add_parser("timeline", help="where the time went in a Horovod timeline "
-                                               "(--horovod-timeline): totals per activity")
-    parser.add_argument("file", type=Path, help="the timeline JSON (a run still writing it is fine)")
-    parser.add_argument("--output", type=Path, metavar="FILE", help="also write the summary as JSON here")
-
 
 def run(args):
     try:

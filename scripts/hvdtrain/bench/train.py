@@ -10,52 +10,12 @@ import time
 
 import torch
 
-from hvdtrain import cli
 from hvdtrain.bench import backends, workloads
+from hvdtrain.bench.options import BERT_MODELS
 from hvdtrain.bench.record import environment, summarize, write_json
 from hvdtrain.runtime import stragglers
-from hvdtrain.runtime.run import add_horovod_diagnostics
 
 KNOB_VARIABLES = {"fusion_threshold_mb": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME"}
-
-
-def add_arguments(modes):
-    parser = modes.add_parser("train", help="training throughput: Horovod, or --baseline ddp|none")
-    parser.add_argument("--model", choices=workloads.MODELS, default="resnet20", help="what to train")
-    parser.add_argument("--baseline", choices=["ddp", "none"],
-                        help="instead of Horovod: DistributedDataParallel, or one process without distribution")
-    parser.add_argument("--batch-size", type=cli.positive_int, default=32,
-                        help="images or sequences per rank and backward pass")
-    parser.add_argument("--image-size", type=cli.positive_int, help="CNN input size (default: the model's own)")
-    parser.add_argument("--seq-length", type=cli.positive_int, default=128, help="BERT sequence length")
-    parser.add_argument("--vocab-size", type=cli.positive_int, default=30522, help="BERT vocabulary size")
-    parser.add_argument("--warmup-steps", type=cli.non_negative_int, default=5, help="untimed steps first")
-    parser.add_argument("--window-steps", type=cli.positive_int, default=10, help="steps per timed window")
-    parser.add_argument("--windows", type=cli.positive_int, default=5, help="timed windows")
-    parser.add_argument("--seed", type=cli.non_negative_int, default=42, help="weights and synthetic data")
-    parser.add_argument("--amp", action="store_true", help="CUDA: mixed precision (fp16 CNN, bf16 BERT)")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
-                        help="autocast dtype, on any device (fp16: CUDA only); instead of --amp")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model (BERT: its encoder)")
-    parser.add_argument("--channels-last", action="store_true", help="CNN: channels_last memory layout")
-    knobs = parser.add_argument_group("Horovod")
-    knobs.add_argument("--fp16-allreduce", action="store_true", help="send gradients as fp16")
-    knobs.add_argument("--accumulation-steps", type=cli.positive_int, default=1,
-                       help="backward passes per allreduce (Horovod's batches per allreduce)")
-    knobs.add_argument("--fusion-threshold-mb", type=cli.non_negative_int,
-                       help="HOROVOD_FUSION_THRESHOLD in MiB (Horovod's default: 128)")
-    knobs.add_argument("--cycle-time-ms", type=cli.positive_float,
-                       help="HOROVOD_CYCLE_TIME in ms (Horovod's default: 1)")
-    add_horovod_diagnostics(knobs)
-    backends.add_common_arguments(parser)
-
-
-def check_arguments(args):
-    if args.baseline and (args.horovod_timeline or args.horovod_autotune or args.horovod_autotune_log
-                          or args.fusion_threshold_mb is not None or args.cycle_time_ms is not None):
-        cli.fail("Horovod's knobs and diagnostics apply to Horovod runs only (drop --baseline)")
-    if args.amp and args.precision:
-        cli.fail("--amp and --precision: give one of them")
 
 
 def run(args):
@@ -91,7 +51,7 @@ def run(args):
              "accumulation_steps": args.accumulation_steps, "amp": args.amp, "precision": workload.precision,
              "compile": args.compile, "channels_last": args.channels_last,
              "image_size": args.image_size,
-             "seq_length": args.seq_length if args.model in workloads.BERT_MODELS else None}
+             "seq_length": args.seq_length if args.model in BERT_MODELS else None}
     result = {"mode": "train", "unit": f"{workload.unit}/s",
               "total": summarize(totals),
               "per_worker": summarize([total / backend.size for total in totals]),

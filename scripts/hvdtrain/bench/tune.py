@@ -18,36 +18,13 @@ the link.
 """
 import itertools
 import shlex
-from pathlib import Path
 
-from hvdtrain import cli
 from hvdtrain.bench.record import command_line, summarize, write_json
-from hvdtrain.bench.scaling import add_launch_arguments, launch_train
+from hvdtrain.bench.scaling import launch_train
 from hvdtrain.runtime import horovod_profile
 
 DEFAULTS = "the defaults"  # no Horovod variable set: Horovod's own, and dist.init's under Gloo
 
-
-def add_arguments(modes, script):
-    tune = modes.add_parser("tune", help="sweep fusion threshold, cycle time and compression; write the best "
-                                         "as a profile for --horovod-profile",
-                            epilog="Arguments after -- go to every `benchmark.py train` run (the model, batch).")
-    tune.add_argument("--np", type=cli.positive_int, default=2, help="workers of every run")
-    add_launch_arguments(tune)
-    tune.add_argument("--horovodrun-args", default="",
-                      help="more horovodrun options, e.g. '-H a:4,b:4 --network-interface eth0'")
-    tune.add_argument("--fusion-mb", nargs="+", type=cli.non_negative_int, default=[0, 16, 64, 128],
-                      help="HOROVOD_FUSION_THRESHOLD values in MiB (0: no fusion)")
-    tune.add_argument("--cycle-ms", nargs="+", type=cli.positive_float, default=[1, 2.5, 5, 10],
-                      help="HOROVOD_CYCLE_TIME values in ms")
-    tune.add_argument("--compression", nargs="+", choices=["none", "fp16"], default=["none", "fp16"],
-                      help="gradient compression to try")
-    tune.add_argument("--repeats", type=cli.positive_int, default=2,
-                      help="rounds over every combination, interleaved")
-    tune.add_argument("--output-dir", type=Path, default=Path("runs/tune"),
-                      help="one JSON per run, tune.json and horovod-profile.json")
-    tune.add_argument("--timeout", type=cli.positive_int, default=1800, help="seconds per launch")
-    tune.set_defaults(script=script)
 
 
 def candidates(args):

@@ -9,6 +9,7 @@ the model and optimizer, so one workload runs under all three.
 import torch
 import torch.nn as nn
 
+from hvdtrain.bench.options import BERT_MODELS, CNN_MODELS
 from hvdtrain.models import bert as bert_models
 from hvdtrain.runtime import precision as precisions
 from hvdtrain.training import cnn, optim
@@ -17,10 +18,6 @@ from hvdtrain.runtime.metrics import SumMeter
 from hvdtrain.runtime.stragglers import SectionTimer
 from hvdtrain.models import resnet
 
-CNN_MODELS = {"resnet20": (32, 10), "resnet56": (32, 10), "resnet18": (224, 1000), "resnet50": (224, 1000),
-              "convnet": (32, 10)}  # name -> (image size, classes)
-BERT_MODELS = {f"bert-{name}": name for name in bert_models.PRESETS}
-MODELS = [*CNN_MODELS, *BERT_MODELS]
 
 
 def build(args, backend):

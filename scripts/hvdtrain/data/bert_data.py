@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import torch
 
+# torch (and the samplers, which use it) only where training reads batches: prepare_bert_data.py
+# imports this module for the shard format and does not load torch.
 from hvdtrain.data.bert_corpus import vocab_hash
-from hvdtrain.data.sampling import assign_rows
 from hvdtrain.errors import UsageError
 
 FORMAT_NAME = "hvdtrain-bert-shards"
@@ -300,6 +300,7 @@ class PretrainingData:
 
         Reading it here lets the caller agree on a damaged shard across ranks.
         """
+        from hvdtrain.data.sampling import assign_rows  # training only (see the imports above)
         self.epoch, self.streams = epoch, []
         for b, (sizes, firsts, _) in enumerate(self.bins):
             pieces = [(self.entries[shard], firsts[shard] + start, firsts[shard] + stop)
@@ -335,6 +336,7 @@ class PretrainingData:
         for name in ("input_ids", "segment_ids", "input_mask"):  # a bin's sequences fit its length
             pick[name] = pick[name][:, :length]
         labels = static_labels(pick) if self.static else dynamic_mask(pick, self.special, self.mlm_probability, rng)
+        import torch  # training only (see the imports above)
         return {
             "input_ids": torch.from_numpy(pick["input_ids"].astype(np.int64)),
             "token_type_ids": torch.from_numpy(pick["segment_ids"].astype(np.int64)),

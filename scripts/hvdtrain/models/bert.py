@@ -11,14 +11,9 @@ import torch.nn.functional as F
 
 from hvdtrain.data.bert_corpus import save_tokenizer
 from hvdtrain.errors import UsageError
+from hvdtrain.options import BERT_PRESETS
 
-PRESETS = {
-    "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),
-    "mini": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024),
-    "small": dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8, intermediate_size=2048),
-    "base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
-    "large": dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, intermediate_size=4096),
-}
+PRESETS = BERT_PRESETS  # the --model choices (options.py)
 
 
 def preset_config(name, vocab_size):

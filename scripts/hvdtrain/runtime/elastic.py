@@ -27,22 +27,12 @@ import horovod.torch as hvd
 from horovod.common.elastic import State
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
-from hvdtrain import cli
 from hvdtrain.runtime import dist
 from hvdtrain.runtime.checkpoint import broadcast_state
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime.metrics import averages
 
 ELASTIC_ENV = "HOROVOD_ELASTIC"  # set by horovodrun for --min-np/--max-np/--host-discovery-script jobs
-
-
-def add_elastic_arguments(group, commit_every):
-    group.add_argument("--elastic", action="store_true",
-                       help="Horovod elastic: survive lost workers and admit new ones (launch with horovodrun "
-                            "--min-np/--max-np --host-discovery-script)")
-    group.add_argument("--elastic-commit-every", type=cli.positive_int, default=commit_every, metavar="N",
-                       help="--elastic: commit the state in memory every N steps (and at epoch ends); a lost "
-                            "worker costs at most the steps since the last commit")
 
 
 def check_launcher(elastic):

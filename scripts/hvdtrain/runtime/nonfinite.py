@@ -30,20 +30,11 @@ import os
 
 import torch
 
-from hvdtrain import cli
 from hvdtrain.runtime import dist, peers
 from hvdtrain.errors import NONFINITE_EXIT, UsageError
 
 # Tests only: "rank=1,steps=5,6" makes rank 1's loss NaN at steps 5 and 6.
 INJECT_ENV = "HVDTRAIN_INJECT_NONFINITE"
-
-
-def add_arguments(group):
-    group.add_argument("--nonfinite-loss", choices=("skip", "stop"), default="skip",
-                       help="when a rank's loss is NaN or Inf: skip: no update on any rank, the step "
-                            "counted in results.json; stop: end the run (exit status 4)")
-    group.add_argument("--max-nonfinite-steps", type=cli.non_negative_int, default=10, metavar="N",
-                       help="with skip: stop (exit status 4) after N skipped steps in a row (0: never)")
 
 
 class NonFiniteGuard:

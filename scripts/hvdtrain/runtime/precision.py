@@ -14,14 +14,14 @@ fp16 autocast needs CUDA. bf16 never needs a GradScaler: its exponent range is
 fp32's. What is resolved is a setting (compared on resume); the reason is for
 the run's first line.
 """
-import argparse
 from typing import NamedTuple
 
 import torch
 
 from hvdtrain.errors import UsageError
+from hvdtrain.options import PRECISIONS
 
-CHOICES = ("auto", "fp32", "bf16", "fp16")
+CHOICES = PRECISIONS  # --precision (options.py)
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # /proc/cpuinfo flag -> the name of the unit that runs bf16 natively, best first
 NATIVE_BF16_FLAGS = {"amx_bf16": "AMX", "avx512_bf16": "AVX512-BF16"}
@@ -43,26 +43,6 @@ class Precision(NamedTuple):
 
     def describe(self):
         return f"precision {self.name} ({self.reason})"
-
-
-def add_arguments(group, cuda_auto, amp_alias=False):
-    """--precision (and for train_cnn.py the old --amp/--no-amp, now spellings of fp16/fp32)."""
-    group.add_argument("--precision", choices=CHOICES, default="auto",
-                       help=f"autocast dtype; auto: {cuda_auto} on CUDA, bf16 on a CPU with native bf16 "
-                            "(AMX or AVX512-BF16), else fp32")
-    if amp_alias:
-        group.add_argument("--amp", "--no-amp", action=AmpAlias, dest="precision",
-                           help="older spellings: --amp is --precision fp16, --no-amp is --precision fp32")
-
-
-class AmpAlias(argparse.Action):
-    """--amp / --no-amp set --precision to fp16 / fp32 (the later flag wins, as for any repeated option)."""
-
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, "fp32" if option_string == "--no-amp" else "fp16")
 
 
 def scaler(name, device):

@@ -16,7 +16,6 @@ What it owns, once for both: the shared command-line flags, the train state
 cadence, the --elastic commits and the world after a reset, stop requests
 (which signal reached which rank), the run log and throughput.
 """
-import argparse
 import atexit
 import os
 import resource
@@ -32,61 +31,6 @@ from hvdtrain.runtime.checkpoint import Checkpointer, RngState, clear_run_output
 from hvdtrain.runtime.metrics import Throughput, total_throughput
 from hvdtrain.runtime.outdir_lock import OutputDirLock
 from hvdtrain.runtime.runlog import RunLog
-
-
-def add_run_arguments(parser, output_dir, checkpoint_every):
-    """Flags with the same name and meaning in every trainer."""
-    flag = argparse.BooleanOptionalAction
-    out = parser.add_argument_group("output, checkpoints and stopping")
-    out.add_argument("--output-dir", type=Path, default=Path(output_dir),
-                     help="checkpoints, metrics.jsonl, results.json, tensorboard/")
-    out.add_argument("--resume", action=flag, default=True,
-                     help="continue from the newest checkpoint in --output-dir; --no-resume starts over "
-                          "and deletes that directory's earlier checkpoints and metrics")
-    out.add_argument("--checkpoint-every", type=cli.non_negative_int, default=checkpoint_every,
-                     help="also checkpoint every N steps (0: only at epoch ends and the end)")
-    out.add_argument("--take-over-lock", action="store_true",
-                     help="use --output-dir even though its run.lock names a run that may still be alive "
-                          "(stale locks are taken over without this)")
-    out.add_argument("--keep-checkpoints", type=cli.positive_int, default=3,
-                     help="newest step-*.pt kept (plus best.pt where there is one)")
-    out.add_argument("--stop-after", "--max-steps", dest="stop_after", type=cli.positive_int, metavar="STEP",
-                     help="checkpoint and exit 0 after this step (the schedule is unchanged); relaunch to continue")
-    out.add_argument("--stop-check-every", type=cli.positive_int, default=10,
-                     help="steps between the (collective) checks for SIGTERM/SIGUSR1")
-    out.add_argument("--seed", type=cli.non_negative_int, default=42,
-                     help="initialisation, data order, augmentation, masking")
-    nonfinite.add_arguments(out)
-    device = parser.add_argument_group("device and Horovod")
-    device.add_argument("--accumulation-steps", "--batches-per-allreduce", dest="accumulation_steps",
-                        type=cli.positive_int, default=1,
-                        help="backward passes of --batch-size accumulated locally per allreduce and step")
-    device.add_argument("--fp16-allreduce", action=flag, default=None,
-                        help="Horovod: send gradients as fp16 (default: off, or the --horovod-profile's choice)")
-    device.add_argument("--horovod-profile", type=Path, metavar="FILE",
-                        help="Horovod settings from `benchmark.py tune` (fusion threshold, cycle time, "
-                             "compression); also HVDTRAIN_HOROVOD_PROFILE. Variables set in the environment win")
-    device.add_argument("--cpu", action="store_true", help="ignore GPUs")
-    device.add_argument("--threads", type=cli.positive_int,
-                        help="CPU threads per rank (default: cores / ranks on the node)")
-    add_horovod_diagnostics(device)
-    stragglers.add_arguments(parser)
-    return device
-
-
-def add_horovod_diagnostics(group):
-    """--horovod-timeline, --horovod-autotune, --horovod-autotune-log (see dist.request_diagnostics).
-
-    Not --timeline/--autotune: horovodrun's own parser reads option-like words
-    after the command too, and "--timeline" is an ambiguous prefix of its
-    --timeline-filename/--timeline-mark-cycles (an error before anything runs).
-    """
-    group.add_argument("--horovod-timeline", type=Path, metavar="FILE",
-                       help="Horovod: write a timeline of every allreduce (Chrome trace JSON) from rank 0")
-    group.add_argument("--horovod-autotune", action="store_true",
-                       help="Horovod: tune fusion threshold, cycle time and caching while running")
-    group.add_argument("--horovod-autotune-log", type=Path, metavar="FILE",
-                       help="Horovod: CSV of the autotuner's trials (implies --horovod-autotune)")
 
 
 @dataclass

@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from hvdtrain import cli
 from hvdtrain.errors import STRAGGLER_EXIT, UsageError
 from hvdtrain.launch.hosts import EXCLUDED_HOSTS_VAR, this_host  # noqa: F401 (EXCLUDED_HOSTS_VAR: stragglers.EXCLUDED_HOSTS_VAR)
 
@@ -34,23 +33,7 @@ SECTIONS = ("data", "compute", "comm", "optimizer")
 BUSY = ("data", "compute", "optimizer")  # the rank's own work; comm is mostly waiting for others
 NOISE_FRACTION = 0.05  # of the median step time, added to both sides of every score
 WARMUP_STEPS = 5  # a launch's first steps pay for allocation and Horovod's negotiation
-ACTIONS = ("warn", "checkpoint-exit", "exclude")
 STRAGGLER_FILE_VAR = "HVDTRAIN_STRAGGLER_FILE"  # rank 0 writes the straggler's host there (slurm/common.sh)
-
-
-def add_arguments(parser):
-    group = parser.add_argument_group("stragglers (docs/stragglers.md)")
-    group.add_argument("--straggler-interval", type=cli.non_negative_int, default=100, metavar="STEPS",
-                       help="steps between the per-rank timing reports (0: off)")
-    group.add_argument("--straggler-threshold", type=cli.fraction, default=0.8,
-                       help="a rank whose relative score stays below this is a straggler")
-    group.add_argument("--straggler-patience", type=cli.positive_int, default=3, metavar="INTERVALS",
-                       help="intervals in a row below the threshold before acting")
-    group.add_argument("--straggler-action", choices=ACTIONS, default="warn",
-                       help="warn: one line naming the rank and host; checkpoint-exit: also checkpoint and "
-                            f"exit with status {STRAGGLER_EXIT}, so a requeue can leave that host out; exclude "
-                            f"(--elastic): the host leaves the job (added to ${EXCLUDED_HOSTS_VAR}, which "
-                            "discover_hosts.py reads) and training goes on without it")
 
 
 def check_settings(settings, env):
