@@ -125,7 +125,7 @@ def build_vocabulary(args, files):
     """
     if args.vocab is not None:
         try:
-            tokenizer = corpus.load_tokenizer(args.vocab, args.lowercase)
+            tokenizer = corpus.WordPieceTokenizer.load(args.vocab, args.lowercase)
         except Exception as error:
             raise UsageError(f"cannot load vocabulary {args.vocab}: {error}") from None
         return tokenizer.get_vocab(), bool(getattr(tokenizer, "do_lower_case", args.lowercase))
@@ -236,7 +236,7 @@ def main(argv=None):
 
     # The vocabulary is made once, on rank 0, and sent to every rank.
     vocab, lowercase = world.broadcast(world.agree_on_errors(rank0_vocabulary))
-    tokenizer = corpus.hf_tokenizer(vocab, lowercase)
+    tokenizer = corpus.WordPieceTokenizer.from_vocab(vocab, lowercase)
     if world.is_main:
         corpus.save_tokenizer(tokenizer, args.output_dir / bert_data.TOKENIZER_DIR)
         world.print0(f"vocabulary: {len(tokenizer)} tokens ({'uncased' if lowercase else 'cased'}); "

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from support.commands import with_heavy_modules
 from support.launch import REPO, SCRIPTS, python
 
 SCRIPT_NAMES = ["train_cnn.py", "prepare_bert_data.py", "pretrain_bert.py", "make_hostfile.py",
@@ -92,15 +93,6 @@ def test_shard_format_keeps_its_layout():
     assert re.search(r"\n      input_ids +int32", text), text
 
 
-# Runs a script as `python SCRIPT ARGS` would, then names the heavy modules it loaded, whatever the exit.
-LOADED_PROBE = """
-import runpy, sys
-script, sys.argv = sys.argv[1], sys.argv[1:]
-try:
-    runpy.run_path(script, run_name="__main__")
-finally:
-    print("loaded:", sorted({m.split(".")[0] for m in sys.modules} & {"torch", "horovod", "transformers"}))
-"""
 # A bad argument of each kind the parsers check: an unknown option, a bad value, a refused combination.
 BAD_ARGUMENTS = {"train_cnn.py": [["--no-such-option"], ["--batch-size", "0"]],
                  "pretrain_bert.py": [["--data", "d", "--optimizer", "adamw", "--lamb-nvlamb"],
@@ -115,9 +107,9 @@ def test_help_and_bad_arguments_answer_before_torch_horovod_and_transformers_loa
     """Parsed first, imported after: --help and a usage error cost a tenth of a second
     on every rank of a launch, not the two seconds of importing torch and Horovod."""
     for args in (["--help"], *BAD_ARGUMENTS[script]):
-        ran = python(["-c", LOADED_PROBE, SCRIPTS / script, *args], timeout=60)
+        ran, loaded = with_heavy_modules([SCRIPTS / script, *args], timeout=60)
         assert ran.returncode == (0 if args == ["--help"] else 2), ran.describe()
-        assert "loaded: []" in ran.output, ran.describe()
+        assert loaded == [], ran.describe()
         if args != ["--help"]:
             assert re.search(rf"^{re.escape(script)}: error: ", ran.output, re.M), ran.describe()
 

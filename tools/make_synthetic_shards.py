@@ -44,7 +44,7 @@ def main():
     parser.add_argument("--max-seq-length", type=int, default=512)
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
-    tokenizer = corpus.load_tokenizer(args.tokenizer, True)
+    tokenizer = corpus.WordPieceTokenizer.load(args.tokenizer, True)
     ids = corpus.SpecialIds.of(tokenizer)
     args.output.mkdir(parents=True, exist_ok=True)
     shutil.copytree(args.tokenizer, args.output / bert_data.TOKENIZER_DIR, dirs_exist_ok=True)

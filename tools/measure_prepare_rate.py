@@ -122,7 +122,7 @@ def repeated_corpus(directory, megabytes, files):
 def make_vocabulary(directory, vocab_size):
     """The script's own trainer over the embedded corpus, saved as a tokenizer directory."""
     sentences = (s for d in corpus.default_corpus_documents() for s in d)
-    tokenizer = corpus.hf_tokenizer(corpus.train_wordpiece(sentences, vocab_size, True), True)
+    tokenizer = corpus.WordPieceTokenizer.from_vocab(corpus.train_wordpiece(sentences, vocab_size, True), True)
     corpus.save_tokenizer(tokenizer, Path(directory) / "tokenizer")
     return Path(directory) / "tokenizer", tokenizer
 

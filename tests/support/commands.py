@@ -1,4 +1,6 @@
 """The scripts the tests launch, and the small argument sets several test modules share."""
+import re
+
 from .launch import SCRIPTS, python
 
 CNN = SCRIPTS / "train_cnn.py"
@@ -19,6 +21,25 @@ SLOW_RANK_WATCH = ["--straggler-interval", "10", "--straggler-patience", "2", "-
 NO_ALLOCATION = {name: "" for name in ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE",
                                        "SLURM_NTASKS_PER_NODE", "PBS_NODEFILE", "LSB_HOSTS",
                                        "LSB_MCPU_HOSTS", "HVD_DISCOVERY_HOSTFILE")}
+
+
+# Runs a script as `python SCRIPT ARGS` would, then names the heavy modules it loaded, whatever the exit.
+_LOADED_PROBE = """
+import runpy, sys
+script, sys.argv = sys.argv[1], sys.argv[1:]
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    print("loaded:", sorted({m.split(".")[0] for m in sys.modules} & {"torch", "horovod", "transformers"}))
+"""
+
+
+def with_heavy_modules(script_args, timeout, env=None):
+    """(the finished run of ``python SCRIPT ARGS``, the heavy modules it loaded: torch, horovod, transformers)."""
+    ran = python(["-c", _LOADED_PROBE, *script_args], timeout=timeout, env=env)
+    found = re.findall(r"^loaded: \[(.*)\]$", ran.output, re.M)
+    assert found, ran.describe()
+    return ran, [name.strip("' ") for name in found[-1].split(",") if name.strip()]
 
 
 def make_hostfile(args, env=None):

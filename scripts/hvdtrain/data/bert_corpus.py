@@ -10,6 +10,7 @@ lets N ranks write the same shards as one process does.
 import collections
 import hashlib
 import heapq
+import json
 import random
 import re
 from dataclasses import dataclass
@@ -219,23 +220,93 @@ def _merge_word(symbols, pair, merged):
     return out
 
 
-def hf_tokenizer(vocab, lowercase):
-    """A transformers BertTokenizerFast over ``vocab`` (dict token -> id)."""
-    from transformers import BertTokenizerFast
-    return BertTokenizerFast(vocab=dict(vocab), do_lower_case=lowercase)
+class WordPieceTokenizer:
+    """BERT's WordPiece tokenizer on the `tokenizers` library alone.
+
+    The tokenizer transformers' ``BertTokenizerFast(vocab=..., do_lower_case=...)`` builds, part
+    for part (its tokenizer.json is the same: tests/test_bert_data.py), with the few of its
+    methods the preparation uses, and saved as transformers saves it (tokenizer.json and
+    tokenizer_config.json; ``save_tokenizer`` adds vocab.txt) so that pretrain_bert.py and the
+    exported model load it with ``from_pretrained``. Without transformers, whose import costs
+    every rank of a preparation about 4.5 s of CPU before any text is read.
+    """
+
+    def __init__(self, backend, lowercase):
+        self.backend_tokenizer = backend  # a tokenizers.Tokenizer
+        self.do_lower_case = lowercase
+
+    @classmethod
+    def from_vocab(cls, vocab, lowercase):
+        """Over ``vocab`` (dict token -> id, SPECIAL_TOKENS among them)."""
+        from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+        from tokenizers.models import WordPiece
+        backend = Tokenizer(WordPiece(dict(vocab), unk_token="[UNK]"))
+        backend.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                        strip_accents=None, lowercase=lowercase)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece(prefix="##")
+        backend.add_special_tokens([AddedToken(token, normalized=False, special=True) for token in SPECIAL_TOKENS])
+        cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+        backend.post_processor = processors.TemplateProcessing(
+            single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+        return cls(backend, lowercase)
+
+    @classmethod
+    def load(cls, path, lowercase):
+        """A saved tokenizer directory (tokenizer.json, its tokenizer_config.json's case), or a
+        vocab.txt file or a directory with only one."""
+        from tokenizers import Tokenizer
+        path = Path(path)
+        if (path / TOKENIZER_JSON).is_file():
+            config = path / TOKENIZER_CONFIG
+            if config.is_file():
+                lowercase = json.loads(config.read_text()).get("do_lower_case", lowercase)
+            return cls(Tokenizer.from_file(str(path / TOKENIZER_JSON)), lowercase)
+        vocab = {}
+        with open(path / "vocab.txt" if path.is_dir() else path, encoding="utf-8") as handle:
+            for index, line in enumerate(handle):
+                vocab[line.rstrip("\n")] = index
+        return cls.from_vocab(vocab, lowercase)
+
+    def __len__(self):
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def get_vocab(self):
+        return self.backend_tokenizer.get_vocab(with_added_tokens=True)
+
+    def convert_tokens_to_ids(self, token):
+        return self.backend_tokenizer.token_to_id(token)
+
+    @property
+    def cls_token_id(self):
+        return self.convert_tokens_to_ids("[CLS]")
+
+    @property
+    def sep_token_id(self):
+        return self.convert_tokens_to_ids("[SEP]")
+
+    @property
+    def mask_token_id(self):
+        return self.convert_tokens_to_ids("[MASK]")
+
+    @property
+    def pad_token_id(self):
+        return self.convert_tokens_to_ids("[PAD]")
+
+    def save_pretrained(self, directory):
+        """tokenizer.json and tokenizer_config.json, as transformers writes them."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.backend_tokenizer.save(str(directory / TOKENIZER_JSON))
+        config = {"backend": "tokenizers", "cls_token": "[CLS]", "do_lower_case": self.do_lower_case,
+                  "mask_token": "[MASK]", "model_max_length": 1000000000000000019884624838656, "pad_token": "[PAD]",
+                  "sep_token": "[SEP]", "strip_accents": None, "tokenize_chinese_chars": True,
+                  "tokenizer_class": "BertTokenizer", "unk_token": "[UNK]"}
+        (directory / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def load_tokenizer(path, lowercase):
-    """Reuse a vocabulary: a vocab.txt file, or a directory with a saved tokenizer or vocab.txt."""
-    from transformers import BertTokenizerFast
-    path = Path(path)
-    if path.is_dir():
-        return BertTokenizerFast.from_pretrained(str(path))
-    vocab = {}
-    with open(path, encoding="utf-8") as handle:
-        for index, line in enumerate(handle):
-            vocab[line.rstrip("\n")] = index
-    return hf_tokenizer(vocab, lowercase)
+TOKENIZER_JSON, TOKENIZER_CONFIG = "tokenizer.json", "tokenizer_config.json"
 
 
 def save_tokenizer(tokenizer, directory):
