@@ -104,11 +104,17 @@ def pytest_collection_modifyitems(config, items):
     return (yield)
 
 
+MACHINE = machine.Machine()  # this pytest process's hold on the cores
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Each test with the fixtures it starts holds the machine: alone if marked
-    `whole_machine`, beside the other tests otherwise (support/machine.py)."""
-    with machine.share(whole=item.get_closest_marker("whole_machine") is not None):
+    `whole_machine`, beside the other tests otherwise (support/machine.py); a run of
+    whole-machine tests on one worker keeps it from the first to the last."""
+    whole = item.get_closest_marker("whole_machine") is not None
+    keep = nextitem is not None and nextitem.get_closest_marker("whole_machine") is not None
+    with MACHINE.share(whole=whole, keep=keep):
         return (yield)
 
 

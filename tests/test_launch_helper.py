@@ -80,18 +80,19 @@ def test_rank_output_reassembles_chunks_split_mid_line():
 
 def test_a_whole_machine_test_waits_for_the_running_tests_and_goes_before_later_ones(tmp_path):
     """support/machine.py: a shared holder keeps a whole-machine request waiting; a shared
-    request made while it waits comes after it, not beside the first holder."""
+    request made while it waits comes after it, not beside the first holder. (Each thread a
+    worker: a Machine of its own.)"""
     events = []
 
     def hold(whole, name):
-        with machine.share(whole, tmp_path):
+        with machine.Machine(tmp_path).share(whole):
             events.append(f"{name} in")
             time.sleep(0.3)
             events.append(f"{name} out")
 
     whole, later = (threading.Thread(target=hold, args=(True, "whole")),
                     threading.Thread(target=hold, args=(False, "later")))
-    with machine.share(False, tmp_path):
+    with machine.Machine(tmp_path).share(False):
         whole.start()
         time.sleep(0.5)  # the whole-machine request is queued by now
         later.start()
@@ -100,3 +101,25 @@ def test_a_whole_machine_test_waits_for_the_running_tests_and_goes_before_later_
     whole.join(10)
     later.join(10)
     assert events == ["whole in", "whole out", "later in", "later out"], events
+
+
+def test_consecutive_whole_machine_tests_keep_the_machine_between_them(tmp_path):
+    """A worker whose next test needs the whole machine too keeps it: a shared request made
+    during the first waits for the second to end, not only the first."""
+    events = []
+    worker = machine.Machine(tmp_path)
+
+    def shared():
+        with machine.Machine(tmp_path).share(False):
+            events.append("shared in")
+
+    with worker.share(True, keep=True):
+        other = threading.Thread(target=shared)
+        other.start()
+        time.sleep(0.3)
+    time.sleep(0.3)  # between the two tests: the shared request still waits
+    assert events == [], events
+    with worker.share(True, keep=False):
+        events.append("second whole")
+    other.join(10)
+    assert events == ["second whole", "shared in"], events

@@ -14,7 +14,8 @@ ones. Linux grants a shared lock while a writer waits, so a queue of shared test
 could hold a whole-machine test off to the end of the run; a second file, the
 turnstile, is taken by everyone on the way in (and held only while waiting), which
 queues a writer before the readers that come after it. The locks are per machine
-(two suites run at once share the cores too) and die with their process.
+(two suites run at once share the cores too) and die with their process. A worker
+keeps the exclusive lock from one whole-machine test to the next (Machine.share's keep).
 """
 import contextlib
 import fcntl
@@ -23,18 +24,41 @@ from pathlib import Path
 
 
 
-@contextlib.contextmanager
-def share(whole, directory=tempfile.gettempdir()):
-    """Hold the machine, alone when ``whole``, beside the other shared tests otherwise."""
-    mode = fcntl.LOCK_EX if whole else fcntl.LOCK_SH
-    with open(Path(directory, "hvdtest-machine.turnstile"), "a") as turnstile, \
-            open(Path(directory, "hvdtest-machine.lock"), "a") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, mode)
-        finally:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+class Machine:
+    """This xdist worker's hold on the machine's cores (one per pytest process)."""
+
+    def __init__(self, directory=tempfile.gettempdir()):
+        self.directory = Path(directory)
+        self.kept = None  # the lock file, held exclusively from one whole-machine test to the next
+
+    @contextlib.contextmanager
+    def share(self, whole, keep=False):
+        """Hold the machine, alone when ``whole``, beside the other shared tests otherwise.
+
+        ``keep``: the worker's next test needs the whole machine too, so the lock stays held
+        until it starts: consecutive whole-machine tests (the 16-rank files are one xdist
+        group, on one worker) run as one block, and the machine is drained once for all of
+        them instead of once each, the other workers idle while it drains.
+        """
+        lock = self.kept if whole else None
+        self.kept = None
+        if lock is None:
+            lock = self._acquire(fcntl.LOCK_EX if whole else fcntl.LOCK_SH)
         try:
             yield
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            if whole and keep:
+                self.kept = lock
+            else:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                lock.close()
+
+    def _acquire(self, mode):
+        lock = open(self.directory / "hvdtest-machine.lock", "a")
+        with open(self.directory / "hvdtest-machine.turnstile", "a") as turnstile:
+            fcntl.flock(turnstile, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, mode)
+            finally:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        return lock
