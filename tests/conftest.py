@@ -99,6 +99,7 @@ def pytest_collection_modifyitems(config, items):
     groups = shared_fixture_groups(items)
     for item, group in groups.items():
         item.add_marker(pytest.mark.xdist_group(group))
+    config.pluginmanager.get_plugin("hvdtest-costs").groups.update({item.nodeid: group for item, group in groups.items()})
     if config.pluginmanager.has_plugin("hvdtest-xdist-groups"):
         config.pluginmanager.get_plugin("hvdtest-xdist-groups").record(config, groups)
     return (yield)

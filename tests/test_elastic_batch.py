@@ -14,9 +14,12 @@ from support.elastic_jobs import elastic_command, world_sizes, write_hosts
 from support.launch import launch, python, wait_then
 from support.weights import EXACT, assert_same_weights, checkpoint_at
 
-RUN = [CNN, "--elastic", "--model", "convnet", *EXACT, "--epochs", "3", "--batch-size", "16",
+RUN = [CNN, "--elastic", "--model", "convnet", *EXACT, "--epochs", "2", "--batch-size", "16",
        "--lr", "0.01", "--global-batch", "32", "--elastic-commit-every", "5"]
 EPOCH_STEPS = 45  # 1438 digits in steps of 32: the last has 30
+# Two epochs: the second, after the resize, at 1 x 32 against the steady job's 2 x 16. fp32 summation
+# order alone moves the weights apart as steps go: 1.3e-5 after a third epoch on an AMD EPYC with
+# AVX-512 (2026-11-27), past the 1e-5 that the equalities are held to; 4.8e-8 after the second.
 # A small LR: at 0.1 the first epoch sits on a plateau where float rounding of the
 # sum order (2 x 16 against 1 x 32) grows to 1e-4 by step 45 with or without a resize.
 
@@ -39,7 +42,7 @@ def test_a_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(need_
     assert world_sizes(ran)[0] == 2 and world_sizes(ran)[-1] == 1, ran.describe()
     assert ran.output.count("global batch 32") == len(world_sizes(ran)), ran.describe()
     rows = [json.loads(line) for line in (resized / "metrics.jsonl").read_text().splitlines()]
-    assert [(row["epoch"], row["train_samples"]) for row in rows] == [(1, 1438), (2, 1438), (3, 1438)], rows
+    assert [(row["epoch"], row["train_samples"]) for row in rows] == [(1, 1438), (2, 1438)], rows
 
     # Against the same job at its first size, never resized: the two share the first epoch's
     # rounding (2 x 16 samples per step), which one worker (1 x 32) does not (1e-4 apart on

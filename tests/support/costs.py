@@ -11,6 +11,7 @@ other; a daemon's idle ticks go to whichever test runs then). Where no such grou
 made, the worker's own and its reaped children's resource usage stands in, and the
 summary says so (it misses what an sshd or slurmd started).
 """
+import json
 import os
 import resource
 from pathlib import Path
@@ -20,6 +21,15 @@ import pytest
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 PROPERTY = "cpu_seconds"
 SHOWN = 20
+
+
+def recorded_groups():
+    """{node id: group} as the xdist workers wrote them for the scheduler (support/xdist_groups.py)."""
+    path = os.environ.get("HVDTEST_XDIST_GROUPS")
+    try:
+        return json.loads(Path(path).read_text() or "{}") if path else {}
+    except OSError:
+        return {}
 
 
 class Meter:
@@ -62,6 +72,8 @@ class Costs:
         self.meter = Meter()
         self.started = {}
         self.costs = {}  # node id -> CPU-seconds (in the process that prints the summary)
+        self.walls = {}  # node id -> seconds of setup, call and teardown
+        self.groups = {}  # node id -> its xdist group (conftest.py's shared_fixture_groups)
         self.kinds = set()
 
     @pytest.hookimpl(tryfirst=True)
@@ -77,12 +89,13 @@ class Costs:
         return report
 
     def pytest_runtest_logreport(self, report):
+        self.walls[report.nodeid] = self.walls.get(report.nodeid, 0.0) + report.duration
         for name, value in report.user_properties:
             if name == PROPERTY and report.when == "teardown":
                 self.costs[report.nodeid], kind = value
                 self.kinds.add(kind)
 
-    def pytest_terminal_summary(self, terminalreporter):
+    def pytest_terminal_summary(self, terminalreporter, config):
         if not self.costs:
             return
         write = terminalreporter.write_line
@@ -92,6 +105,20 @@ class Costs:
               f"({', '.join(sorted(self.kinds))}); the {SHOWN} costliest:")
         for nodeid, seconds in sorted(self.costs.items(), key=lambda cost: -cost[1])[:SHOWN]:
             write(f"{seconds:8.1f} s  {100 * seconds / total:4.1f} %  {nodeid}")
+        # A group's tests run one after another on one worker: the longest is the run's shortest possible time.
+        self.groups = self.groups or recorded_groups()  # an xdist controller collects nothing itself
+        groups = {}
+        for nodeid, seconds in self.walls.items():
+            group = self.groups.get(nodeid)
+            if group:
+                groups[group] = groups.get(group, 0.0) + seconds
+        if groups:
+            write("wall time of the groups that each run on one worker (setup, call, teardown): " + ", ".join(
+                f"{name} {seconds:.0f} s" for name, seconds in sorted(groups.items(), key=lambda g: -g[1])[:6]))
+        if getattr(config, "cache", None) is not None:  # every test's figures, for a closer look: .pytest_cache/v/hvdtest/costs
+            config.cache.set("hvdtest/costs", {nodeid: {"cpu_s": self.costs.get(nodeid), "wall_s": round(wall, 2),
+                                                        "group": self.groups.get(nodeid)}
+                                               for nodeid, wall in self.walls.items()})
 
     def pytest_unconfigure(self):
         self.meter.close()

@@ -44,6 +44,9 @@ def assert_same_weights(actual, expected, where="", atol=TOLERANCE):
     for key, value in expected["model"].items():
         torch.testing.assert_close(actual["model"][key], value, rtol=0, atol=atol,
                                    msg=lambda m: f"{where} {key}: {m}")
+    largest = max((actual["model"][key] - value).abs().max().item() for key, value in expected["model"].items())
+    print(f"{where}: the weights agree to {largest:.2e} (held to {atol:g})")  # the margin, in the test's output
+    return largest
 
 
 def assert_same_tensors(a, b, where):
