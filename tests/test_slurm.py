@@ -138,39 +138,6 @@ def test_usr1_reaches_every_rank_then_requeue_and_resume_with_every_launcher(
             assert start["size"] == resumed["size"] == 2
 
 
-def test_train_cnn_sbatch_every_launcher_and_requeue_matches_uninterrupted(
-        slurm_cluster, need_horovod, need_mpi, tmp_path):
-    """srun runs straight through; srun, mpirun and horovodrun runs get USR1 mid-run,
-    checkpoint, are requeued, resume, and end with bit-identical weights."""
-    # Long enough (about 7 s on an idle machine) that USR1 always lands mid-run: with 60 steps
-    # the run could finish before the signal arrived.
-    steps = 200
-    common = ["--model", "convnet", "--dataset", "digits", "--epochs", "5", "--max-steps", steps,
-              "--keep-checkpoints", "1"]
-    runs = {"uninterrupted": "srun", "srun": "srun", "mpirun": "mpirun", "horovodrun": "horovodrun"}
-    jobs = {name: submit(slurm_cluster, SLURM / "train_cnn.sbatch", tmp_path / f"{name}.out",
-                         [*common, "--output-dir", tmp_path / name], launcher=launcher)
-            for name, launcher in runs.items()}
-    for name in LAUNCHERS:  # interrupt once rank 0 reports training has begun
-        wait_for_text(tmp_path / f"{name}.out", "convnet on digits", JOB_TIMEOUT, slurm_cluster, jobs[name])
-        send_usr1_to_batch_shell(slurm_cluster, jobs[name])
-
-    finished = {name: slurm_cluster.wait_for_end(job, JOB_TIMEOUT) for name, job in jobs.items()}
-    baseline = checkpoint_at(tmp_path / "uninterrupted", steps)
-    for name, info in finished.items():
-        log = (tmp_path / f"{name}.out").read_text()
-        results = json.loads((tmp_path / name / "results.json").read_text())
-        assert results["steps"] == steps and results["world_size"] == 2, results
-        if name == "uninterrupted":
-            assert info["JobState"] == "COMPLETED" and info.get("Restarts") == "0", f"{info}\n{log}"
-            continue
-        assert_requeued_once(slurm_cluster, jobs[name], info, log)
-        assert "SIGUSR1" in log, f"{name}: the script did not report stopping on SIGUSR1:\n{log}"
-        final = checkpoint_at(tmp_path / name, steps)
-        assert_same_tensors(final["model"], baseline["model"], f"{name} model")
-        assert_same_tensors(final["optimizer"], baseline["optimizer"], f"{name} optimizer")
-
-
 # Image folder runs with DataLoader workers, stopped mid-run: 15 steps per epoch.
 IMAGE_RUN = ["--dataset", "imagefolder", "--model", "convnet", "--image-size", "16", "--batch-size", "2",
              "--workers", "2", "--epochs", "20", "--checkpoint-every", "5", "--keep-checkpoints", "1"]
@@ -191,42 +158,50 @@ IMAGES = "images"
 
 
 @pytest.fixture(scope="module")
-def signalled_image_jobs(slurm_cluster, tmp_path_factory):
-    """Four image-folder jobs side by side, each signalled once its DataLoader
-    workers run: USR1 under srun, mpirun and horovodrun, and TERM to the batch
-    shell of a horovodrun job, on the image folder IMAGES beside their output. Returns {name: Ended}."""
+def image_jobs(slurm_cluster, tmp_path_factory):
+    """train_cnn.sbatch on an image folder with DataLoader workers, five jobs side by side on the
+    image folder IMAGES beside their output: "uninterrupted" under srun, straight through; one
+    under each LAUNCHER that gets USR1 once its workers deliver batches (its first checkpoint);
+    "horovodrun-term", whose batch shell gets TERM. Returns {name: Ended}."""
     require_module("horovod.torch")
     require_program("mpirun", "install Open MPI or `make setup` as root")
-    root = tmp_path_factory.mktemp("signalled")
+    root = tmp_path_factory.mktemp("image-jobs")
     data = make_image_folder(root / IMAGES, train_per_class=20)
-    runs = {**{launcher: launcher for launcher in LAUNCHERS}, "horovodrun-term": "horovodrun"}
+    signalled = {**{launcher: (launcher, "USR1") for launcher in LAUNCHERS}, "horovodrun-term": ("horovodrun", "TERM")}
+    runs = {"uninterrupted": "srun", **{name: launcher for name, (launcher, _) in signalled.items()}}
     jobs = {name: submit(slurm_cluster, SLURM / "train_cnn.sbatch", root / f"{name}.out",
                          ["--data", data, "--output-dir", root / name, *IMAGE_RUN, "--max-steps", IMAGE_STEPS],
                          launcher=launcher)
             for name, launcher in runs.items()}
-    for name, job in jobs.items():
-        wait_for_checkpoint(slurm_cluster, job, root / name)
-        signal = "TERM" if name.endswith("-term") else "USR1"
-        run(["scancel", f"--signal={signal}", "--batch", job], env=slurm_cluster.env())
+    for name, (_, signal) in signalled.items():
+        wait_for_checkpoint(slurm_cluster, jobs[name], root / name)
+        run(["scancel", f"--signal={signal}", "--batch", jobs[name]], env=slurm_cluster.env())
     return {name: ended(slurm_cluster, job, root / f"{name}.out", root / name, JOB_TIMEOUT)
             for name, job in jobs.items()}
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_usr1_with_dataloader_workers_requeues_and_finishes(signalled_image_jobs, launcher):
-    """Slurm and the launchers signal a rank's whole process tree: DataLoader workers
-    leave USR1 to their rank, which checkpoints; the requeued run finishes."""
-    info, log, out = signalled_image_jobs[launcher]
+def test_usr1_requeues_and_resumes_bit_identical_to_an_uninterrupted_job(image_jobs, launcher):
+    """Slurm and the launchers signal a rank's whole process tree: DataLoader workers leave USR1
+    to their rank, which checkpoints and stops; the job is requeued, resumes there and ends with
+    the model and optimizer of the job that ran straight through, bit for bit."""
+    straight = image_jobs["uninterrupted"]
+    assert straight.info["JobState"] == "COMPLETED" and straight.info.get("Restarts") == "0", straight
+    info, log, out = image_jobs[launcher]
     assert_requeued_once(None, info.get("JobId"), info, log)
-    assert re.search(r"stopped by SIGUSR1 \(rank \d\) at step \d+", log), log
+    assert f"launcher {launcher}" in log and re.search(r"stopped by SIGUSR1 \(rank \d\) at step \d+", log), log
     assert "Traceback" not in log and "exited unexpectedly" not in log, log
-    assert json.loads((out / "results.json").read_text())["steps"] == IMAGE_STEPS
+    results = json.loads((out / "results.json").read_text())
+    assert results["steps"] == IMAGE_STEPS and results["world_size"] == 2, results
+    final, baseline = checkpoint_at(out, IMAGE_STEPS), checkpoint_at(straight.out, IMAGE_STEPS)
+    assert_same_tensors(final["model"], baseline["model"], f"{launcher} model")
+    assert_same_tensors(final["optimizer"], baseline["optimizer"], f"{launcher} optimizer")
 
 
-def test_term_to_a_horovodrun_batch_shell_reaches_the_ranks_and_resumes(signalled_image_jobs):
+def test_term_to_a_horovodrun_batch_shell_reaches_the_ranks_and_resumes(image_jobs):
     """horovodrun does not forward SIGTERM: the batch shell signals the ranks itself;
     they checkpoint and exit 0, the job ends without a requeue, a relaunch resumes."""
-    info, log, out = signalled_image_jobs["horovodrun-term"]
+    info, log, out = image_jobs["horovodrun-term"]
     data = out.parent / IMAGES
     assert info["JobState"] == "COMPLETED" and info.get("Restarts") == "0", f"{info}\n{log}"
     stopped = re.search(r"stopped by SIGTERM \(rank \d\) at step (\d+)", log)

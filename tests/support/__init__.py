@@ -14,6 +14,7 @@
     locks.py          run.lock files as another run would have written them
     weights.py        checkpoints, and comparing the weights of two runs (fp32 across batch splits)
     costs.py          each test's CPU-seconds, summed up at the end of the run
+    selected.py       which parameters of a test this session selected (a fixture launches only those)
 
 Imported as ``support.<module>``: pytest.ini puts tests/ (and scripts/) on the
 path of the test process, and `make setup` adds both to the venv (a .pth file)
