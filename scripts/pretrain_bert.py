@@ -205,7 +205,7 @@ def main(argv=None):
     optimizer = hvd.DistributedOptimizer(
         bert.build_optimizer(settings, model), named_parameters=model.named_parameters(),
         backward_passes_per_step=settings.accumulation_steps, op=hvd.Sum if summed else hvd.Average,
-        compression=hvd.Compression.fp16 if settings.fp16_allreduce else hvd.Compression.none)
+        compression=dist.gradient_compression(settings.fp16_allreduce))
     # Horovod: one small allreduce per step: its masked tokens and sequences over every rank
     counts = bert.step_counts(lambda local: hvd.allreduce(local, op=hvd.Sum, name="bert.step_counts"))
     trainer = bert.Trainer(model, objective, optimizer, bert.build_schedule(settings, optimizer),

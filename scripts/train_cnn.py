@@ -143,7 +143,7 @@ def main():
     summed = settings.balance or bool(settings.global_batch)
     optimizer = hvd.DistributedOptimizer(
         cnn.build_optimizer(settings, model), named_parameters=model.named_parameters(),
-        compression=hvd.Compression.fp16 if settings.fp16_allreduce else hvd.Compression.none,
+        compression=dist.gradient_compression(settings.fp16_allreduce),
         backward_passes_per_step=settings.accumulation_steps,
         op=hvd.Adasum if settings.use_adasum else hvd.Sum if summed else hvd.Average,
         gradient_predivide_factor=settings.gradient_predivide_factor)

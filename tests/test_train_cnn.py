@@ -129,10 +129,12 @@ def test_image_folder_of_mixed_modes_trains_one_epoch_under_mpi(tmp_path, need_m
 
 def test_cifar10_with_fp16_allreduce_accumulation_and_step_decay(tmp_path):
     """--fp16-allreduce, 2 backward passes per allreduce, gradient predivision,
-    label smoothing and step decay together, on CIFAR-10's file format."""
+    label smoothing and step decay together, on CIFAR-10's file format; in the
+    channels_last layout (CUDA's default), whose weights and gradients Horovod
+    refused as not contiguous until dist.broadcast_parameters/gradient_compression."""
     out = tmp_path / "out"
     train(2, ["--dataset", "cifar10", "--data", make_cifar10(tmp_path / "cifar"), "--epochs", "2",
-              "--batch-size", "4", "--batches-per-allreduce", "2", "--fp16-allreduce",
+              "--channels-last", "--batch-size", "4", "--batches-per-allreduce", "2", "--fp16-allreduce",
               "--gradient-predivide-factor", "2", "--label-smoothing", "0.1", "--lr", "0.1",
               "--lr-decay", "step", "--lr-milestones", "1", "--no-resume"], out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -143,6 +145,8 @@ def test_cifar10_with_fp16_allreduce_accumulation_and_step_decay(tmp_path):
     assert all(np.isfinite(row["train_loss"]) for row in rows)
     results = json.loads((out / "results.json").read_text())
     assert results["global_batch_size"] == 16 and results["epochs"] == 2
+    kernels = [t for t in checkpoint_at(out, 12)["model"].values() if t.dim() == 4 and t.shape[1] > 1]
+    assert kernels and all(t.is_contiguous(memory_format=torch.channels_last) for t in kernels)
 
 
 def test_adasum_under_mpi(tmp_path, need_mpi):
@@ -275,6 +279,17 @@ def test_bad_input_is_one_line_and_exit_status_2_on_every_rank(tmp_path, case):
     assert re.search(r"horovodrun: error: .*Exit code: 2\b", run.output), run.describe()
     one_error_line(run, "train_cnn.py: error:", message)
 
+
+
+def test_the_one_error_line_comes_even_when_the_printing_rank_starts_last(tmp_path):
+    """Only rank 0 prints a bad-input line; rank 1 parses the same arguments and must not
+    exit (the launcher then kills the job) before rank 0 has printed. Rank 0 starts 3 s late."""
+    late = tmp_path / "rank0_late.sh"
+    late.write_text('[ "$HOROVOD_RANK" = 0 ] && sleep 3\nexec "$@"\n')
+    run = launch(["horovodrun", "-np", "2", "--gloo", "bash", late, sys.executable, SCRIPT, "--batch-size", "0"],
+                 timeout=60)
+    assert re.search(r"horovodrun: error: .*Exit code: 2\b", run.output), run.describe()
+    one_error_line(run, "train_cnn.py: error:", "must be at least 1, got 0")
 
 def test_mpirun_exit_status_is_2_for_a_corrupt_image(tmp_path, need_mpi):
     """mpirun passes the ranks' status through: exactly 2, and both ranks exit."""

@@ -30,6 +30,8 @@ STRAGGLER_EXIT = 5
 TRACEBACK_ENV = "HVDTRAIN_TRACEBACK"
 # Exiting runs Horovod's shutdown; when a peer is gone it can wait for that peer.
 EXIT_GRACE_SECONDS = 10
+# Bad input: how long a rank that does not print waits for rank 0 to print the line.
+SILENT_RANK_WAIT_SECONDS = 10
 
 # Rank variables set by the launchers we support, read before hvd.init().
 LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
@@ -63,18 +65,28 @@ def fail(message, prog=None, every_rank_fails=True, status=USAGE_ERROR_EXIT):
 
     When every rank fails the same way only the first one prints.
     """
+    _exit_with_status_when_terminated(status)
     if launcher_rank() == 0 or not every_rank_fails:
         prog = prog or os.path.basename(sys.argv[0])
         print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
-    _ignore_termination_while_exiting()
+    elif _launched():
+        # The launcher ends the job when the first rank exits; were it this silent one,
+        # rank 0 (slower to start, say) would be killed before it printed the line.
+        # So this rank waits for rank 0 to print and exit, which ends this wait too.
+        time.sleep(SILENT_RANK_WAIT_SECONDS)
     sys.exit(status)
 
 
-def _ignore_termination_while_exiting():
-    """Keep status 2 while this rank tears down: when another rank exits 2 first,
-    `srun --kill-on-bad-exit` SIGTERMs this one, which would then report 143."""
+def _launched():
+    return any(os.environ.get(name) for name in LAUNCHER_RANK_VARS)
+
+
+def _exit_with_status_when_terminated(status):
+    """Keep ``status`` when the launcher ends this rank: after another rank exits 2,
+    mpirun, horovodrun and `srun --kill-on-bad-exit` SIGTERM the rest, which would
+    then report 143."""
     try:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(status))
     except ValueError:  # not the main thread: leave it
         pass
 
@@ -124,8 +136,7 @@ def report(error):
     """Print ``error`` as one line (the traceback only on request), then exit 1."""
     if os.environ.get(TRACEBACK_ENV) == "1":
         traceback.print_exception(error)
-    launched = any(os.environ.get(name) for name in LAUNCHER_RANK_VARS)
-    who = f"rank {launcher_rank()}" if launched else os.path.basename(sys.argv[0])
+    who = f"rank {launcher_rank()}" if _launched() else os.path.basename(sys.argv[0])
     # A lost node fails the collective on every survivor at once: one line (rank 0's) for the job.
     witness = _witness if is_peer_failure(error) else None
     detail = witness.on_peer_failure() if witness else ""

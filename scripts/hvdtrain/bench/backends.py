@@ -50,14 +50,14 @@ class HorovodBackend:
         self.device = self.ctx.device
         self.threads = torch.get_num_threads()
         # Horovod: gradients sent as fp16 with --fp16-allreduce
-        self.compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+        self.compression = dist.gradient_compression(args.fp16_allreduce)
         self.passes = args.accumulation_steps
 
     def wrap(self, module, named_parameters, optimizer):
         """(module to call, optimizer to step): gradients averaged by Horovod."""
         # Horovod: every rank starts from rank 0's weights; gradients are averaged
         # during backward, once per `passes` backward calls.
-        hvd.broadcast_parameters(dict(named_parameters), root_rank=0)
+        dist.broadcast_parameters(named_parameters, root_rank=0)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters,
                                              compression=self.compression, backward_passes_per_step=self.passes)
         return module, optimizer

@@ -244,6 +244,47 @@ def gather_object_to_root(obj, name):
     return [pickle.loads(piece.numpy().tobytes()) for piece in torch.split(received, sizes.tolist())]
 
 
+def broadcast_parameters(tensors, root_rank=0):
+    """Horovod: rank 0's tensors (a name -> tensor mapping) on every rank, in place, any layout.
+
+    Horovod moves only contiguous tensors ("Tensor is required to be contiguous"); a
+    channels_last convolution's weights (the default with CUDA) are not. Those go as
+    contiguous copies and are copied back; the others are broadcast in place, as
+    hvd.broadcast_parameters does.
+    """
+    staged = {name: (tensor, tensor if tensor.is_contiguous() else tensor.contiguous())
+              for name, tensor in dict(tensors).items()}
+    hvd.broadcast_parameters({name: sent for name, (_, sent) in staged.items()}, root_rank=root_rank)
+    with torch.no_grad():
+        for tensor, sent in staged.values():
+            if sent is not tensor:
+                tensor.copy_(sent)
+
+
+class _AnyLayout:
+    """Horovod's gradient compression, for gradients of any memory layout.
+
+    DistributedOptimizer allreduces ``compress(p.grad)`` in place and sets p.grad to the
+    result; a channels_last convolution's gradient is not contiguous, which Horovod
+    refuses. It goes as a contiguous copy (one copy of a gradient per update); every
+    other gradient goes unchanged.
+    """
+
+    def __init__(self, compression):
+        self.compression = compression
+
+    def compress(self, tensor):
+        return self.compression.compress(tensor.contiguous())
+
+    def decompress(self, tensor, ctx):
+        return self.compression.decompress(tensor, ctx)
+
+
+def gradient_compression(fp16):
+    """Horovod: gradients sent as fp16 (--fp16-allreduce) or as they are, in any layout."""
+    return _AnyLayout(hvd.Compression.fp16 if fp16 else hvd.Compression.none)
+
+
 def broadcast_object(obj, root_rank=0, name=None):
     """Horovod: rank 0's object on every rank (pickled over the wire)."""
     return hvd.broadcast_object(obj, root_rank=root_rank, name=name)

@@ -133,7 +133,7 @@ class Run:
                             f"{time.perf_counter() - started:.1f} s (rank 0 peak RSS so far {peak:.2f} GiB)")
         else:
             # Horovod: every rank starts from rank 0's weights (the optimizer state is still empty).
-            hvd.broadcast_parameters(self.checkpointer.shared["model"].state_dict(), root_rank=0)
+            dist.broadcast_parameters(self.checkpointer.shared["model"].state_dict(), root_rank=0)
         self.log = self._open_log()
         return restored
 
