@@ -111,11 +111,16 @@ def test_stop_and_resume_gives_the_same_weights_bit_for_bit(tmp_path):
 
 
 def test_image_folder_of_mixed_modes_trains_one_epoch_under_mpi(tmp_path, need_mpi):
+    """Also: DataLoader workers come from a fork server that imported torch once per rank
+    (it had each of them import torch again, 1.7 CPU-s a worker, every epoch)."""
     data = make_image_folder(tmp_path / "images")
     out = tmp_path / "out"
-    run = train(2, ["--dataset", "imagefolder", "--data", data, "--model", "resnet18",
-                    "--image-size", "32", "--batch-size", "2", "--epochs", "1", "--workers", "1",
-                    "--no-resume"], out, transport="mpi")
+    run = ok(horovodrun(2, [SCRIPT, "--output-dir", out, "--dataset", "imagefolder", "--data", data,
+                            "--model", "resnet18", "--image-size", "32", "--batch-size", "2", "--epochs", "1",
+                            "--workers", "1", "--no-resume"], timeout=240, transport="mpi",
+                        env={"PYTHONPROFILEIMPORTTIME": "1"}))
+    # Two ranks and their two fork servers import torch; the four workers (train and val) do not.
+    assert len(re.findall(r"\| torch$", run.output, re.MULTILINE)) == 4, run.output.count("\n")
     assert "12 train / 6 val images, 3 classes" in run.output, run.describe()
     results = json.loads((out / "results.json").read_text())
     assert results["epochs"] == 1 and results["steps"] == 3 and results["world_size"] == 2
