@@ -90,14 +90,16 @@ def test_knobs_and_horovod_diagnostics_are_recorded(tmp_path):
 
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_the_gloo_controller_gets_the_measured_cycle_time(tmp_path, transport, need_mpi):
-    """dist.init sets HOROVOD_CYCLE_TIME under Gloo only, and a value of the user's wins."""
+    """dist.init sets HOROVOD_CYCLE_TIME under Gloo only, and a value of the user's wins (shown
+    under Gloo, where there is a default to win over)."""
     from hvdtrain.runtime import dist
     ok(horovodrun(2, [BENCH, *CNN, "--output", tmp_path / "default.json"], timeout=240, transport=transport))
     knobs = result(tmp_path / "default.json")["environment"]["knobs"]
     assert knobs.get("HOROVOD_CYCLE_TIME") == (dist.GLOO_CYCLE_TIME_MS if transport == "gloo" else None)
-    ok(horovodrun(2, [BENCH, *CNN, "--output", tmp_path / "set.json"], timeout=240, transport=transport,
-                  env={"HOROVOD_CYCLE_TIME": "3"}))
-    assert result(tmp_path / "set.json")["environment"]["knobs"]["HOROVOD_CYCLE_TIME"] == "3"
+    if transport == "gloo":
+        ok(horovodrun(2, [BENCH, *CNN, "--output", tmp_path / "set.json"], timeout=240, transport=transport,
+                      env={"HOROVOD_CYCLE_TIME": "3"}))
+        assert result(tmp_path / "set.json")["environment"]["knobs"]["HOROVOD_CYCLE_TIME"] == "3"
 
 
 @pytest.mark.parametrize("transport", ["mpi", "gloo"])

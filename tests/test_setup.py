@@ -1,7 +1,10 @@
 """`make setup` is idempotent: a second run reuses the cached Horovod wheel."""
+import json
+import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,6 +53,29 @@ def test_setup_installs_what_the_scripts_need_and_no_test_only_packages(tmp_path
     assert not set(TEST_ONLY) & set(packages)
 
 
+@pytest.mark.parametrize("env, user, said", [
+    ({"MPI": "none"}, None, "MPI=none: Horovod is built with Gloo only"),
+    ({}, "nobody (65534)", "no MPI: no mpicc on PATH and not root to install Open MPI"),
+], ids=["MPI=none", "no mpicc, not root"])
+def test_without_mpi_setup_builds_horovod_with_gloo_only(tmp_path, env, user, said):
+    """No MPI and none to install: no Open MPI packages asked for, a Gloo-only Horovod, no mpi4py
+    (the build itself: tests/test_setup_gloo.py, make test-scale)."""
+    command = ["bash", SETUP, "--dry-run"]
+    if user:  # pytest's tmp_path is root's alone: the bare PATH in a folder nobody can read
+        tmp_path = Path(tempfile.mkdtemp(prefix="hvdtest-bare-"))
+        tmp_path.chmod(0o755)
+        command = [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+    try:
+        run = launch(command, timeout=60, env={"PYTHON": sys.executable, "PATH": bare_path(tmp_path), **env})
+    finally:
+        if user:
+            shutil.rmtree(tmp_path)
+    assert run.returncode == 0, run.describe()
+    assert said in run.output and "mpirun does not" in run.output, run.describe()
+    assert "Horovod with Gloo only (HOROVOD_WITHOUT_MPI=1), no mpi4py" in run.output, run.describe()
+    assert "openmpi" not in run.output, run.describe()
+
+
 def test_test_deps_are_installed_by_make_test_not_make_setup():
     test_plan = launch(["make", "-n", "test"], timeout=30)
     setup_plan = launch(["make", "-n", "setup"], timeout=30)
@@ -81,6 +107,7 @@ def test_torch_variant_choices(variant, expected):
     ({"USE_SYSTEM_TORCH": "yes"}, "USE_SYSTEM_TORCH=yes: use 1"),
     ({"USE_SYSTEM_TORCH": "1", "TORCH_VARIANT": "cpu"}, "do not combine it with TORCH_VARIANT"),
     ({}, "unknown argument '--fast'"),
+    ({"MPI": "openmpi"}, "MPI=openmpi: use auto"),
 ])
 def test_bad_setup_settings_are_one_line_errors(env, fragment):
     run = dry_run(env, args=("--dry-run", "--fast") if not env else ("--dry-run",))
@@ -109,3 +136,69 @@ def test_existing_torch_mode_keeps_that_torch_and_adds_horovod(tmp_path, need_ho
     assert Path(horovod_seen).is_relative_to(venv), probe.describe()  # our build, in the new venv
     assert not list(venv.glob("lib/python*/site-packages/torch")), "a second torch was installed"
     assert (torch_file.stat().st_mtime_ns, torch.__version__) == before
+
+
+def path_without_mpi(folder):
+    """A PATH of every program on this one except MPI's (mpicc, mpirun, orted, ...)."""
+    folder.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        for program in Path(directory).glob("*") if Path(directory).is_dir() else ():
+            if not program.name.startswith(("mpi", "orte", "ompi", "oshmem", "opal")) \
+                    and not (folder / program.name).exists():
+                (folder / program.name).symlink_to(program)
+    return str(folder)
+
+
+@pytest.mark.scale
+def test_a_gloo_only_setup_without_mpi_trains_under_horovodrun_and_elastic(tmp_path, need_horovod):
+    """MPI=none with no mpicc on PATH: Horovod built with Gloo alone (on top of this venv's torch,
+    USE_SYSTEM_TORCH=1); `horovodrun` picks Gloo by itself, an elastic job runs, and
+    `horovodrun --mpi` is one line, exit 2. (A wheel cached for the same patch is reused.)"""
+    venv, path = tmp_path / "venv", path_without_mpi(tmp_path / "bin")
+    env = {"PYTHON": sys.executable, "USE_SYSTEM_TORCH": "1", "VENV": str(venv), "MPI": "none", "PATH": path}
+    setup = launch(["bash", SETUP], timeout=1500, env=env)
+    assert setup.returncode == 0, setup.describe()
+    assert "MPI=none: Horovod is built with Gloo only" in setup.output, setup.describe()
+    assert "horovodrun --check-build: PyTorch and Gloo available (no MPI: Gloo only)" in setup.output
+    horovodrun, python = str(venv / "bin/horovodrun"), str(venv / "bin/python")
+    check = launch([horovodrun, "--check-build"], timeout=60, env={"PATH": path})
+    assert re.search(r"\[ \] MPI\b", check.output) and re.search(r"\[X\] Gloo\b", check.output), check.describe()
+
+    cnn = [python, str(REPO / "scripts/train_cnn.py"), "--model", "convnet", "--image-size", "8", "--max-steps", "4"]
+    plain = launch([horovodrun, "-np", "2", *cnn, "--output-dir", tmp_path / "plain", "--no-resume"],
+                   timeout=300, env={"PATH": path})
+    assert plain.returncode == 0 and "2 workers" in plain.output, plain.describe()
+    elastic = launch([horovodrun, "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
+                      "--host-discovery-script", f"{python} {REPO / 'scripts/discover_hosts.py'} "
+                      f"{REPO / 'hostfiles/elastic'}", *cnn, "--elastic", "--output-dir", tmp_path / "elastic"],
+                     timeout=300, env={"PATH": path})
+    assert elastic.returncode == 0, elastic.describe()
+    mpi = launch([horovodrun, "--mpi", "-np", "2", *cnn, "--output-dir", tmp_path / "mpi"], timeout=60,
+                 env={"PATH": path})
+    assert mpi.returncode == 2 and "Traceback" not in mpi.output, mpi.describe()
+    assert mpi.output.strip() == ("horovodrun: error: this Horovod was built without MPI (Gloo only): launch "
+                                  "with horovodrun --gloo, or load an MPI and rerun make setup for mpirun"), mpi.describe()
+
+
+GPU_CHECK_STAGES = ("machine", "check-build", "gpu-tests", "resnet50-amp", "bert-large-phase1", "two-ranks-one-gpu")
+
+
+def test_the_gpu_check_dry_runs_on_the_cpu(tmp_path, need_horovod):
+    """tools/gpu_check.sh, DRY_RUN=1: every stage a CPU allows (no build, the gpu tests
+    deselected, the figures' runs with the smallest models), each timed; what it would carry
+    fits the device's 64 MiB; at most 8 files come back; figures.json holds each run's rate."""
+    out = tmp_path / "check"
+    run = launch(["bash", "tools/gpu_check.sh", out], timeout=300, env={"DRY_RUN": "1", "PYTHON": sys.executable})
+    assert run.returncode == 0, run.describe()
+    for stage in GPU_CHECK_STAGES:  # pytest's 5: no test ran (all deselected without a GPU)
+        status = 5 if stage == "gpu-tests" else 0
+        assert re.search(rf"^\[gpu-check\] {stage}: exit {status} in \d+ s$", run.output, re.MULTILINE), run.describe()
+    assert "9 deselected" in (out / "gpu-tests.log").read_text()
+    carried = re.search(r"^\[gpu-check\] carried: ([\d.]+) MiB of at most 64 ", run.output, re.MULTILINE)
+    assert carried and 0 < float(carried.group(1)) <= 64, run.describe()
+    assert re.search(r"^\[gpu-check\] total: \d+ s; gpu tests exit 0$", run.output, re.MULTILINE), run.describe()
+    files = sorted(path.name for path in out.iterdir())
+    assert len(files) <= 8 and {"summary.txt", "figures.json", "measure.log"} <= set(files), files
+    figures = json.loads((out / "figures.json").read_text())["figures"]
+    assert set(figures) == {"resnet50-amp", "bert-large-phase1", "two-ranks-one-gpu"}, figures
+    assert all(figure["median"] > 0 for figure in figures.values()), figures

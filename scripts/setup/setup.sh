@@ -12,6 +12,9 @@
 #      A CUDA torch builds Horovod with NCCL, against CUDA_HOME, the toolkit around
 #      `nvcc` on PATH, or else the CUDA compiler wheels of requirements-cuda-build.txt;
 #   4. `horovodrun --check-build` must show PyTorch, MPI and Gloo (and NCCL for CUDA).
+# Without MPI (MPI=none, or no `mpicc` and no root to install Open MPI) Horovod is built
+# with Gloo alone: `horovodrun --gloo` and elastic jobs work, mpirun does not; mpi4py is
+# left out. Said in one line here and by `horovodrun --check-build`.
 # `setup.sh --dry-run` prints what it would install and changes nothing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,6 +24,7 @@ VENV=${VENV:-.venv}
 TORCH_VARIANT=${TORCH_VARIANT:-auto}      # auto | cpu | cuda
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-}      # where pip gets torch (default: see torch_pip_args)
 USE_SYSTEM_TORCH=${USE_SYSTEM_TORCH:-0}   # 1: use the torch that $PYTHON already has
+MPI=${MPI:-auto}                          # auto: an MPI if there is or can be one; none: Gloo only
 PATCH=scripts/setup/horovod-0.28.1-torch-cxx17.patch
 CUDA_BUILD_REQUIREMENTS=requirements-cuda-build.txt
 WHEEL_CACHE=${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-training-scripts/wheels}
@@ -44,6 +48,10 @@ case $TORCH_VARIANT in
     auto|cpu|cuda) ;;
     *) die "TORCH_VARIANT=$TORCH_VARIANT: use auto (pip's default torch), cpu or cuda" ;;
 esac
+case $MPI in
+    auto|none) ;;
+    *) die "MPI=$MPI: use auto (the MPI on PATH, or Open MPI installed as root) or none (Horovod with Gloo only)" ;;
+esac
 case $USE_SYSTEM_TORCH in
     0|1) ;;
     *) die "USE_SYSTEM_TORCH=$USE_SYSTEM_TORCH: use 1 (the torch $PYTHON already has) or 0" ;;
@@ -52,9 +60,19 @@ if [ "$USE_SYSTEM_TORCH" = 1 ] && { [ "$TORCH_VARIANT" != auto ] || [ -n "$TORCH
     die "USE_SYSTEM_TORCH=1 keeps the installed torch: do not combine it with TORCH_VARIANT or TORCH_INDEX_URL"
 fi
 
+resolve_mpi() {
+    # auto becomes none where no mpicc is on PATH and none can be installed (not root).
+    if [ "$MPI" = auto ] && ! have mpicc && [ "$EUID" -ne 0 ]; then
+        MPI=none
+        say "no MPI: no mpicc on PATH and not root to install Open MPI; Horovod is built with Gloo only (horovodrun --gloo and elastic jobs work, mpirun does not; load an MPI module and rerun for mpirun, or set MPI=none to say so)"
+    elif [ "$MPI" = none ]; then
+        say "MPI=none: Horovod is built with Gloo only (horovodrun --gloo and elastic jobs work, mpirun does not)"
+    fi
+}
+
 install_system_packages() {
     local missing=()
-    have mpicc || missing+=(openmpi-bin libopenmpi-dev)
+    [ "$MPI" = none ] || have mpicc || missing+=(openmpi-bin libopenmpi-dev)
     have cmake || missing+=(cmake)
     have g++ || missing+=(g++)
     have make || missing+=(make)
@@ -87,6 +105,11 @@ dry_run_report() {
         say "dry run: venv $VENV from $PYTHON; torch: pip install $(torch_pip_args) (TORCH_VARIANT=$TORCH_VARIANT)"
     fi
     say "dry run: Horovod wheel cache $WHEEL_CACHE"
+    if [ "$MPI" = none ]; then
+        say "dry run: Horovod with Gloo only (HOROVOD_WITHOUT_MPI=1), no mpi4py"
+    else
+        say "dry run: Horovod with MPI and Gloo, mpi4py against $(command -v mpicc || echo 'the Open MPI installed above')"
+    fi
 }
 
 python_site_dirs() {
@@ -218,6 +241,7 @@ build_horovod_wheel() {
     cuda=$(torch_cuda)
     tag=${cuda:+cu$cuda}
     tag=${tag:-cpu}
+    [ "$MPI" = none ] && tag=$tag-gloo
     # The patch's hash too: a changed patch must never reuse a wheel built without it.
     cache_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-torch-$torch_version-py$python_version-$tag-patch-$(sha256sum "$PATCH" | cut -c1-12)"
     if ls "$cache_dir"/horovod-*.whl >/dev/null 2>&1; then
@@ -234,7 +258,9 @@ build_horovod_wheel() {
     src="$work/horovod-$HOROVOD_VERSION"
     patch -d "$src" -p1 --quiet < "$PATCH"
 
-    local -a build_env=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
+    local with_mpi=HOROVOD_WITH_MPI=1
+    [ "$MPI" = none ] && with_mpi=HOROVOD_WITHOUT_MPI=1
+    local -a build_env=(HOROVOD_WITH_PYTORCH=1 "$with_mpi" HOROVOD_WITH_GLOO=1
                         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
                         MAKEFLAGS="-j$(nproc)")
     if [ -n "$cuda" ]; then
@@ -265,7 +291,7 @@ build_horovod_wheel() {
 install_requirements() {
     local stamp="$VENV/.setup-stamp" want reqs constraints
     want=$(cat requirements.txt "$PATCH" | sha256sum | cut -d' ' -f1)
-    want="$want $TORCH_VARIANT $TORCH_INDEX_URL $USE_SYSTEM_TORCH"
+    want="$want $TORCH_VARIANT $TORCH_INDEX_URL $USE_SYSTEM_TORCH MPI=$MPI"
     # An environment's own torch may change under us (a module or container update).
     [ "$USE_SYSTEM_TORCH" = 0 ] || want="$want $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c 'import horovod.torch' 2>/dev/null; then
@@ -285,6 +311,8 @@ install_requirements() {
     reqs="$VENV/requirements-without-torch.txt"
     constraints="$VENV/constraints-torch.txt"
     grep -vE '^torch[=<>~ ]' requirements.txt > "$reqs"
+    # Gloo only: mpi4py would need an MPI to compile against.
+    [ "$MPI" != none ] || sed -i -E '/^(--no-binary )?mpi4py/d' "$reqs"
     "$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$constraints"
     # Horovod from our wheel into this venv, even where an outer environment has one.
     pip_quiet install --no-deps --ignore-installed --find-links "$FIND_LINKS" "horovod==$HOROVOD_VERSION"
@@ -295,6 +323,7 @@ install_requirements() {
 
 check_horovod_build() {
     local report features=(PyTorch MPI Gloo)
+    [ "$MPI" = none ] && features=(PyTorch Gloo)
     [ -z "$(torch_cuda)" ] || features+=(NCCL)
     report=$("$VENV/bin/horovodrun" --check-build)
     for feature in "${features[@]}"; do
@@ -303,9 +332,12 @@ check_horovod_build() {
     # "PyTorch, MPI and Gloo available" (", NCCL" before the "and" for CUDA)
     local list
     list=$(IFS=,; echo "${features[*]:0:${#features[@]}-1}")
-    say "horovodrun --check-build: ${list//,/, } and ${features[-1]} available"
+    local only=""
+    [ "$MPI" = none ] && only=" (no MPI: Gloo only)"
+    say "horovodrun --check-build: ${list//,/, } and ${features[-1]} available$only"
 }
 
+resolve_mpi
 install_system_packages
 if [ "$DRY_RUN" = 1 ]; then
     dry_run_report
