@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import time
 from datetime import datetime
@@ -144,14 +145,50 @@ IMAGE_RUN = ["--dataset", "imagefolder", "--model", "convnet", "--image-size", "
 IMAGE_STEPS = 40
 
 
-def wait_for_checkpoint(cluster, job, directory):
-    """Until the first periodic checkpoint: DataLoader workers are delivering batches."""
+def hold_at_first_checkpoint(cluster, jobs, directories):
+    """SIGSTOP each job's two ranks as soon as its first periodic checkpoint exists (its DataLoader
+    workers deliver batches), so that the signal sent next lands mid-run: a 40-step run takes
+    about 3 s, less than a poll and a scancel may. Returns {name: rank pids}."""
+    held = {}
     deadline = time.monotonic() + JOB_TIMEOUT
-    while not list(Path(directory).glob("step-*.pt")):
-        info = cluster.job(job)
-        if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING") or time.monotonic() > deadline:
-            pytest.fail(f"job {job}: no checkpoint in {directory}: {info}\n{cluster.job_output(info)}")
-        time.sleep(0.5)
+    while len(held) < len(directories):
+        for name, directory in directories.items():
+            if name in held or not list(Path(directory).glob("step-*.pt")):
+                continue
+            pids = sorted({pid for rank in (0, 1) for pid in rank_pids(str(directory), rank)})
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            assert len(pids) == 2, f"{name}: rank processes {pids}"
+            held[name] = pids
+        for name in set(directories) - set(held):
+            info = cluster.job(jobs[name])
+            if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING") or time.monotonic() > deadline:
+                pytest.fail(f"job {jobs[name]}: no checkpoint in {directories[name]}: {info}\n"
+                            f"{cluster.job_output(info)}")
+        time.sleep(0.05)
+    return held
+
+
+def signal_held_job(cluster, job, pids, name):
+    """``scancel --signal=NAME --batch``, then SIGCONT to the held ranks once the signal is pending
+    in each (it reaches them through the launcher), or after 30 s."""
+    run(["scancel", f"--signal={name}", "--batch", job], env=cluster.env())
+    bit = 1 << (signal.Signals[f"SIG{name}"] - 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(pending_signals(pid) & bit for pid in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+
+
+def pending_signals(pid):
+    """The signals pending for process ``pid`` (a bit mask; 0 once it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return int(re.search(r"^ShdPnd:\s*(\w+)", status, re.MULTILINE).group(1), 16) | \
+        int(re.search(r"^SigPnd:\s*(\w+)", status, re.MULTILINE).group(1), 16)
 
 
 IMAGES = "images"
@@ -173,9 +210,9 @@ def image_jobs(slurm_cluster, tmp_path_factory):
                          ["--data", data, "--output-dir", root / name, *IMAGE_RUN, "--max-steps", IMAGE_STEPS],
                          launcher=launcher)
             for name, launcher in runs.items()}
-    for name, (_, signal) in signalled.items():
-        wait_for_checkpoint(slurm_cluster, jobs[name], root / name)
-        run(["scancel", f"--signal={signal}", "--batch", jobs[name]], env=slurm_cluster.env())
+    held = hold_at_first_checkpoint(slurm_cluster, jobs, {name: root / name for name in signalled})
+    for name, (_, signal_name) in signalled.items():
+        signal_held_job(slurm_cluster, jobs[name], held[name], signal_name)
     return {name: ended(slurm_cluster, job, root / f"{name}.out", root / name, JOB_TIMEOUT)
             for name, job in jobs.items()}
 
