@@ -145,36 +145,36 @@ IMAGE_RUN = ["--dataset", "imagefolder", "--model", "convnet", "--image-size", "
 IMAGE_STEPS = 40
 
 
-def hold_at_first_checkpoint(cluster, jobs, directories):
-    """SIGSTOP each job's two ranks as soon as its first periodic checkpoint exists (its DataLoader
-    workers deliver batches), so that the signal sent next lands mid-run: a 40-step run takes
-    about 3 s, less than a poll and a scancel may. Returns {name: rank pids}."""
-    held = {}
+def signal_at_first_checkpoint(cluster, jobs, signals, root):
+    """Send each job in ``signals`` ({name: USR1 or TERM}) its signal at its first periodic
+    checkpoint (its DataLoader workers deliver batches), its two ranks held meanwhile (SIGSTOP),
+    so that the signal lands mid-run: a 40-step run takes about 3 s, less than a poll and a
+    scancel may. A job is held about a second, far below the watchdog's 60 s for a frozen rank."""
+    waiting = dict(signals)
     deadline = time.monotonic() + JOB_TIMEOUT
-    while len(held) < len(directories):
-        for name, directory in directories.items():
-            if name in held or not list(Path(directory).glob("step-*.pt")):
-                continue
-            pids = sorted({pid for rank in (0, 1) for pid in rank_pids(str(directory), rank)})
-            for pid in pids:
+    while waiting:
+        ready = [name for name in waiting if list((root / name).glob("step-*.pt"))]
+        held = {}
+        for name in ready:  # every ready job stopped at once, then signalled in turn
+            held[name] = sorted({pid for rank in (0, 1) for pid in rank_pids(str(root / name), rank)})
+            for pid in held[name]:
                 os.kill(pid, signal.SIGSTOP)
-            assert len(pids) == 2, f"{name}: rank processes {pids}"
-            held[name] = pids
-        for name in set(directories) - set(held):
+        for name in ready:
+            signal_held_job(cluster, jobs[name], held[name], waiting.pop(name))
+            assert len(held[name]) == 2, f"{name}: rank processes {held[name]}"
+        for name in waiting:
             info = cluster.job(jobs[name])
             if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING") or time.monotonic() > deadline:
-                pytest.fail(f"job {jobs[name]}: no checkpoint in {directories[name]}: {info}\n"
-                            f"{cluster.job_output(info)}")
+                pytest.fail(f"job {jobs[name]}: no checkpoint in {root / name}: {info}\n{cluster.job_output(info)}")
         time.sleep(0.05)
-    return held
 
 
 def signal_held_job(cluster, job, pids, name):
     """``scancel --signal=NAME --batch``, then SIGCONT to the held ranks once the signal is pending
-    in each (it reaches them through the launcher), or after 30 s."""
+    in each (it reaches them through the launcher), or after 20 s."""
     run(["scancel", f"--signal={name}", "--batch", job], env=cluster.env())
     bit = 1 << (signal.Signals[f"SIG{name}"] - 1)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not all(pending_signals(pid) & bit for pid in pids):
         time.sleep(0.1)
     for pid in pids:
@@ -210,9 +210,7 @@ def image_jobs(slurm_cluster, tmp_path_factory):
                          ["--data", data, "--output-dir", root / name, *IMAGE_RUN, "--max-steps", IMAGE_STEPS],
                          launcher=launcher)
             for name, launcher in runs.items()}
-    held = hold_at_first_checkpoint(slurm_cluster, jobs, {name: root / name for name in signalled})
-    for name, (_, signal_name) in signalled.items():
-        signal_held_job(slurm_cluster, jobs[name], held[name], signal_name)
+    signal_at_first_checkpoint(slurm_cluster, jobs, {name: sig for name, (_, sig) in signalled.items()}, root)
     return {name: ended(slurm_cluster, job, root / f"{name}.out", root / name, JOB_TIMEOUT)
             for name, job in jobs.items()}
 
