@@ -95,7 +95,7 @@ from hvdtrain.data import bert_data, bert_elastic
 from hvdtrain.models import bert as bert_models
 from hvdtrain.runtime import checkpoint, consistency, dist, elastic, horovod_profile, precision, signals
 from hvdtrain.runtime.metrics import SumMeter, Throughput
-from hvdtrain.runtime.run import Run
+from hvdtrain.runtime.run import Run, finished_before_start
 from hvdtrain.training import balance, bert
 from hvdtrain.training.bert import BertSettings
 
@@ -113,7 +113,7 @@ def load_setup(args, ctx):
     if args.max_seq_length is not None and args.max_seq_length != length:
         raise UsageError(f"the shards in {args.data} have max_seq_length {length}, "
                          f"not --max-seq-length {args.max_seq_length}")
-    bert_data.load_tokenizer(args.data, metadata)
+    bert_data.check_tokenizer(args.data, metadata)
     for entry in metadata["shards"][ctx.rank::ctx.size]:  # each rank opens a share of the files
         bert_data.check_shard(args.data, entry, metadata)
     data = bert_data.PretrainingData(args.data, metadata, ctx.rank, ctx.size, args.seed,
@@ -139,12 +139,11 @@ def load_setup(args, ctx):
 
 
 def model_config(args, metadata, init):
-    from transformers import BertConfig
     vocab_size = metadata["vocab_size"]
     if args.config is not None:
         return bert_models.json_config(args.config, vocab_size)
     if args.model is None and init is not None:
-        return BertConfig(**init["bert_config"])
+        return bert_models.config_from(init["bert_config"])
     return bert_models.preset_config(args.model or "base", vocab_size)
 
 
@@ -196,6 +195,9 @@ def main(argv=None):
         consistency.check_ranks_agree(settings, {"shards_sha256": consistency.digest(
             f"{entry['file']} {entry['instances']} {entry.get('sha256', '')}" for entry in metadata["shards"])})
 
+    # Horovod: rank 0 finds this run finished in --output-dir (a relaunch): said, no model built
+    if finished_before_start(ctx, settings):
+        return
     dist.seed_everything(settings.seed)  # the same initial weights on every rank
     model, objective = bert.build_model(settings, ctx, config)
     # Horovod: gradients are averaged by allreduce once per update, after the last of its

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -14,7 +15,7 @@ import torch
 
 from support.bert_data import make_small_static_data
 from support.checks import one_error_line, succeeded
-from support.commands import PREPARE, PRETRAIN
+from support.commands import PREPARE, PRETRAIN, with_heavy_modules
 from support.launch import horovodrun, launch, python
 from support.needs import require_module
 from support.ranks import rank_pids
@@ -132,6 +133,9 @@ def test_resume_is_bit_exact(small_static_data, tmp_path):
     assert results(tmp_path / "parts")["completed"] is False
     second = succeeded(horovodrun(2, [*common, "--output-dir", tmp_path / "parts"], timeout=180))
     assert "resumed from" in second.output and "at step 3" in second.output, second.describe()
+    # Relaunching the finished run: said before any model is built, so without transformers.
+    again, loaded = with_heavy_modules([*common, "--output-dir", tmp_path / "parts"], timeout=180, np=2)
+    assert "holds a finished run (step 8)" in again.output and "transformers" not in loaded, (loaded, again.describe())
 
     whole = checkpoint_at(tmp_path / "whole", 8)
     parts = checkpoint_at(tmp_path / "parts", 8)
@@ -211,6 +215,8 @@ def test_bad_inputs_single_process(data_dir, tmp_path):
         (["--data", data_dir, "--model", "huge"], ["unknown model preset 'huge'"]),
         (["--data", data_dir, "--model", "tiny", "--max-seq-length", "128"], ["max_seq_length 64", "128"]),
         (["--data", data_dir, "--config", tmp_path / "config.json"], ["vocab_size 999", "4000"]),
+        (["--data", shards_with_another_vocabulary(data_dir, tmp_path / "retokenized"), "--model", "tiny"],
+         ["is not the vocabulary the shards were made with"]),
     ]
     for args, fragments in cases:
         one_error_line(python([PRETRAIN, *args, *base], timeout=120), *fragments)
@@ -219,6 +225,20 @@ def test_bad_inputs_single_process(data_dir, tmp_path):
     (tmp_path / "one.txt").write_text("A single document.\nWith two sentences.\n")
     one_error_line(python([PREPARE, "--input", tmp_path / "one.txt", "--vocab", data_dir / "tokenizer",
                            "--output-dir", tmp_path / "d"], timeout=60), "1 non-empty document", "at least 2")
+
+
+def shards_with_another_vocabulary(data_dir, directory):
+    """``data_dir``'s shards (linked) with a tokenizer whose token 1000 is renamed."""
+    directory.mkdir()
+    for item in data_dir.iterdir():
+        if item.name != "tokenizer":
+            (directory / item.name).symlink_to(item)
+    shutil.copytree(data_dir / "tokenizer", directory / "tokenizer")
+    tokenizer = json.loads((directory / "tokenizer" / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["zzz-renamed"] = vocab.pop(next(token for token, index in vocab.items() if index == 1000))
+    (directory / "tokenizer" / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return directory
 
 
 def test_nvlamb_without_lamb_is_a_one_line_error(tmp_path):

@@ -1,7 +1,7 @@
 """The scripts the tests launch, and the small argument sets several test modules share."""
 import re
 
-from .launch import SCRIPTS, python
+from .launch import SCRIPTS, horovodrun, python
 
 CNN = SCRIPTS / "train_cnn.py"
 QUICK_CNN = ["--model", "convnet", "--image-size", "8", "--batch-size", "16"]
@@ -34,12 +34,14 @@ finally:
 """
 
 
-def with_heavy_modules(script_args, timeout, env=None):
-    """(the finished run of ``python SCRIPT ARGS``, the heavy modules it loaded: torch, horovod, transformers)."""
-    ran = python(["-c", _LOADED_PROBE, *script_args], timeout=timeout, env=env)
-    found = re.findall(r"^loaded: \[(.*)\]$", ran.output, re.M)
-    assert found, ran.describe()
-    return ran, [name.strip("' ") for name in found[-1].split(",") if name.strip()]
+def with_heavy_modules(script_args, timeout, env=None, np=None):
+    """(the finished run of ``python SCRIPT ARGS``, the heavy modules it loaded: torch, horovod,
+    transformers); ``np``: under ``horovodrun -np NP``, the modules any rank loaded."""
+    args = ["-c", _LOADED_PROBE, *script_args]
+    ran = horovodrun(np, args, timeout=timeout, env=env) if np else python(args, timeout=timeout, env=env)
+    found = re.findall(r"loaded: \[(.*)\]$", ran.output, re.M)
+    assert found and (not np or len(found) == np), ran.describe()
+    return ran, sorted({name.strip("' ") for names in found for name in names.split(",") if name.strip()})
 
 
 def make_hostfile(args, env=None):

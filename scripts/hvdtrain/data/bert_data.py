@@ -14,7 +14,7 @@ import numpy as np
 
 # torch (and the samplers, which use it) only where training reads batches: prepare_bert_data.py
 # imports this module for the shard format and does not load torch.
-from hvdtrain.data.bert_corpus import vocab_hash
+from hvdtrain.data.bert_corpus import WordPieceTokenizer, vocab_hash
 from hvdtrain.errors import UsageError
 
 FORMAT_NAME = "hvdtrain-bert-shards"
@@ -373,18 +373,35 @@ def dynamic_mask(pick, special, probability, rng):
     return labels
 
 
+def check_tokenizer(directory, metadata):
+    """The shards' own tokenizer (TOKENIZER_DIR) is the vocabulary they were made with.
+
+    With `tokenizers` alone: transformers costs every rank seconds to import, and a rank that
+    builds no model (a finished run's relaunch) needs none of it."""
+    path = Path(directory) / TOKENIZER_DIR
+    try:
+        tokenizer = WordPieceTokenizer.load(path, lowercase=True)
+    except Exception as error:
+        raise UsageError(f"cannot load the tokenizer in {path}: {error.__class__.__name__}") from None
+    _check_vocab_hash(tokenizer, metadata, path)
+
+
 def load_tokenizer(directory, metadata):
-    """The shards' own tokenizer (TOKENIZER_DIR), checked against the vocabulary they were made with."""
+    """The shards' own tokenizer as transformers' BertTokenizerFast (the exported model's), checked."""
     from transformers import BertTokenizerFast  # imported when used: it takes seconds
     path = Path(directory) / TOKENIZER_DIR
     try:
         tokenizer = BertTokenizerFast.from_pretrained(str(path))
     except Exception as error:
         raise UsageError(f"cannot load the tokenizer in {path}: {error.__class__.__name__}") from None
+    _check_vocab_hash(tokenizer, metadata, path)
+    return tokenizer
+
+
+def _check_vocab_hash(tokenizer, metadata, path):
     if vocab_hash(tokenizer) != metadata["vocab_sha256"]:
         raise UsageError(f"the tokenizer in {path} is not the vocabulary the shards were made with "
                          f"(vocab sha256 {vocab_hash(tokenizer)[:12]} vs {metadata['vocab_sha256'][:12]})")
-    return tokenizer
 
 
 def check_vocabulary(state, metadata, what):

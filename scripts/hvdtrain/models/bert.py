@@ -5,6 +5,7 @@ the model is always built from a BertConfig, never downloaded.
 """
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +18,16 @@ PRESETS = BERT_PRESETS  # the --model choices (options.py)
 
 
 def preset_config(name, vocab_size):
-    from transformers import BertConfig
     if name not in PRESETS:
         raise UsageError(f"unknown model preset {name!r} (choose from {', '.join(PRESETS)})")
-    return BertConfig(vocab_size=vocab_size, max_position_embeddings=512, type_vocab_size=2,
-                      **PRESETS[name])
+    return config_from(dict(vocab_size=vocab_size, max_position_embeddings=512, type_vocab_size=2,
+                            hidden_act="gelu", **PRESETS[name]))
+
+
+def config_from(values):
+    """A BertConfig's values as attributes, without importing transformers (seconds on every
+    rank) until build_model: a run that builds no model (a finished run's relaunch) never does."""
+    return SimpleNamespace(**values)
 
 
 def json_config(path, vocab_size):
@@ -39,7 +45,7 @@ def json_config(path, vocab_size):
                          f"but the shards' vocabulary has {vocab_size} tokens")
     values["vocab_size"] = vocab_size
     try:
-        return BertConfig(**values)
+        return config_from(BertConfig(**values).to_dict())  # transformers' defaults filled in
     except (TypeError, ValueError) as error:
         raise UsageError(f"invalid --config {path}: {error}") from None
 
@@ -55,8 +61,8 @@ ARCHITECTURE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_atte
 
 
 def build_model(config):
-    from transformers import BertForPreTraining
-    return BertForPreTraining(config)
+    from transformers import BertConfig, BertForPreTraining
+    return BertForPreTraining(BertConfig(**vars(config)))
 
 
 def pretraining_sums(model, batch, encoder=None):

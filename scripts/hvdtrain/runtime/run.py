@@ -27,6 +27,7 @@ import horovod.torch as hvd
 
 from hvdtrain import cli, errors
 from hvdtrain.runtime import dist, durations, elastic, faults, nonfinite, settings as settings_module, stragglers
+from hvdtrain.runtime import checkpoint
 from hvdtrain.runtime.checkpoint import Checkpointer, RngState, clear_run_outputs
 from hvdtrain.runtime.metrics import Throughput, total_throughput
 from hvdtrain.runtime.outdir_lock import OutputDirLock
@@ -256,7 +257,38 @@ class Run:
 
     def already_finished(self, results_name="results.json"):
         """Relaunching a finished run changes nothing; says where its results are."""
-        self.log.info(f"{self.settings.output_dir} holds a finished run (step {self.state.step}); its "
-                      f"results are in {Path(self.settings.output_dir) / results_name}. Nothing to do: "
-                      "extend the schedule to train on, or use --no-resume to start over")
+        self.log.info(finished_line(self.settings.output_dir, self.state.step, results_name))
         self.log.close()
+
+
+def finished_line(output_dir, step, results_name="results.json"):
+    return (f"{output_dir} holds a finished run (step {step}); its results are in "
+            f"{Path(output_dir) / results_name}. Nothing to do: extend the schedule to train on, "
+            "or use --no-resume to start over")
+
+
+def finished_before_start(ctx, settings, results_name="results.json"):
+    """True (and said on rank 0) when --output-dir holds this very run, finished: its newest
+    checkpoint has every step and the same settings. Asked before a model is built, so that
+    relaunching a finished run (a requeue, a rerun script) builds none: for BERT, no
+    transformers import (seconds on every rank). Anything else (no checkpoint, a damaged
+    one, changed settings) is False: Run.start then restores, or says what is wrong. Collective.
+    """
+    if settings.elastic or not settings.resume:
+        return False  # an elastic worker makes no collective before its sync
+    step = None
+    if ctx.is_main:
+        try:
+            newest = checkpoint.checkpoint_paths(settings.output_dir)[:1]
+            if newest and not checkpoint.checksum_problem(newest[0]):
+                saved = checkpoint.load(newest[0])
+                if (saved.get("format") == checkpoint.FORMAT and saved["train_state"]["step"] >= settings.steps
+                        and not settings_module.check_resume(saved["settings"], settings, settings.output_dir)):
+                    step = saved["train_state"]["step"]
+        except Exception:  # noqa: BLE001 - the restore in Run.start says what it is
+            step = None
+    # Horovod: rank 0's answer, the finished step or None, to every rank
+    step = dist.broadcast_object(step, root_rank=0, name="run.finished_before_start")
+    if step is not None:
+        ctx.print0(finished_line(settings.output_dir, step, results_name))
+    return step is not None
