@@ -7,10 +7,15 @@ PY := $(VENV)/bin/python
 NP ?= 2
 TEST_WORKERS ?= 4
 
-.PHONY: setup test-deps demo demo-bert test test-scale clean
+.PHONY: setup wheelhouse test-deps demo demo-bert test test-scale clean
 
 setup:
 	bash scripts/setup/setup.sh
+
+# Where there is network: every package `make setup` installs, into WHEELHOUSE (default
+# ./wheelhouse); then `make setup WHEELHOUSE=DIR` installs from it with none (docs/setup.md).
+wheelhouse:
+	bash scripts/setup/setup.sh --make-wheelhouse
 
 test-deps:
 	bash scripts/setup/test-deps.sh

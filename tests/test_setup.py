@@ -1,6 +1,7 @@
 """`make setup` is idempotent: a second run reuses the cached Horovod wheel."""
 import json
 import os
+import platform
 import re
 import shutil
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from support.hosts import no_network
 from support.launch import REPO, launch
 
 
@@ -59,7 +61,7 @@ def test_setup_installs_what_the_scripts_need_and_no_test_only_packages(tmp_path
 ], ids=["MPI=none", "no mpicc, not root"])
 def test_without_mpi_setup_builds_horovod_with_gloo_only(tmp_path, env, user, said):
     """No MPI and none to install: no Open MPI packages asked for, a Gloo-only Horovod, no mpi4py
-    (the build itself: tests/test_setup_gloo.py, make test-scale)."""
+    (the build itself, offline: test_with_no_network_and_no_mpi_..., make test-scale)."""
     command = ["bash", SETUP, "--dry-run"]
     if user:  # pytest's tmp_path is root's alone: the bare PATH in a folder nobody can read
         tmp_path = Path(tempfile.mkdtemp(prefix="hvdtest-bare-"))
@@ -149,35 +151,104 @@ def path_without_mpi(folder):
     return str(folder)
 
 
-@pytest.mark.scale
-def test_a_gloo_only_setup_without_mpi_trains_under_horovodrun_and_elastic(tmp_path, need_horovod):
-    """MPI=none with no mpicc on PATH: Horovod built with Gloo alone (on top of this venv's torch,
-    USE_SYSTEM_TORCH=1); `horovodrun` picks Gloo by itself, an elastic job runs, and
-    `horovodrun --mpi` is one line, exit 2. (A wheel cached for the same patch is reused.)"""
-    venv, path = tmp_path / "venv", path_without_mpi(tmp_path / "bin")
-    env = {"PYTHON": sys.executable, "USE_SYSTEM_TORCH": "1", "VENV": str(venv), "MPI": "none", "PATH": path}
-    setup = launch(["bash", SETUP], timeout=1500, env=env)
-    assert setup.returncode == 0, setup.describe()
-    assert "MPI=none: Horovod is built with Gloo only" in setup.output, setup.describe()
-    assert "horovodrun --check-build: PyTorch and Gloo available (no MPI: Gloo only)" in setup.output
-    horovodrun, python = str(venv / "bin/horovodrun"), str(venv / "bin/python")
-    check = launch([horovodrun, "--check-build"], timeout=60, env={"PATH": path})
-    assert re.search(r"\[ \] MPI\b", check.output) and re.search(r"\[X\] Gloo\b", check.output), check.describe()
+def make_wheelhouse(folder, **env):
+    """``make wheelhouse WHEELHOUSE=folder`` (with network), for this Python."""
+    made = launch(["make", "wheelhouse", f"WHEELHOUSE={folder}"], timeout=900, env={"PYTHON": sys.executable, **env})
+    assert made.returncode == 0 and (folder / "wheelhouse.txt").is_file(), made.describe()
+    assert (folder / "horovod-0.28.1.tar.gz").is_file() and (folder / "horovod-0.28.1-torch-cxx17.patch").is_file()
+    return made
 
-    cnn = [python, str(REPO / "scripts/train_cnn.py"), "--model", "convnet", "--image-size", "8", "--max-steps", "4"]
-    plain = launch([horovodrun, "-np", "2", *cnn, "--output-dir", tmp_path / "plain", "--no-resume"],
-                   timeout=300, env={"PATH": path})
-    assert plain.returncode == 0 and "2 workers" in plain.output, plain.describe()
-    elastic = launch([horovodrun, "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
-                      "--host-discovery-script", f"{python} {REPO / 'scripts/discover_hosts.py'} "
-                      f"{REPO / 'hostfiles/elastic'}", *cnn, "--elastic", "--output-dir", tmp_path / "elastic"],
-                     timeout=300, env={"PATH": path})
-    assert elastic.returncode == 0, elastic.describe()
-    mpi = launch([horovodrun, "--mpi", "-np", "2", *cnn, "--output-dir", tmp_path / "mpi"], timeout=60,
-                 env={"PATH": path})
+
+def offline_setup(offline, env):
+    """``make setup`` (setup.sh) run in ``offline`` (support.hosts.no_network), with no pip
+    configuration of this machine's (its local wheel folders and indexes)."""
+    return launch([*offline, "env", "-u", "PIP_FIND_LINKS", "PIP_CONFIG_FILE=/dev/null", "bash", SETUP],
+                  timeout=1500, env=env)
+
+
+HERE = f"cp{sys.version_info.major}{sys.version_info.minor}-{platform.machine()}"  # this Python, as wheelhouse.txt says it
+
+
+@pytest.mark.parametrize("manifest, error", [
+    (None, r"is not a wheelhouse \(no wheelhouse.txt\): make one with 'make wheelhouse WHEELHOUSE=DIR'"),
+    ("python cp39-x86_64\n", rf"was made for cp39-x86_64, this PYTHON is {HERE}: make it with PYTHON"),
+    (f"python {HERE}\n", rf"has nothing that installs '(setuptools|wheel)' on {HERE}: remake it with 'make wheelhouse'"),
+], ids=["not a wheelhouse", "another Python", "a package missing"])
+def test_a_wheelhouse_that_cannot_serve_is_one_line(tmp_path, manifest, error):
+    """Each is one line, exit 1, before anything is installed from elsewhere (the last one is
+    pip's own "no matching distribution" in a venv made for it, no index)."""
+    (tmp_path / "wheelhouse").mkdir()
+    if manifest:
+        (tmp_path / "wheelhouse" / "wheelhouse.txt").write_text(manifest)
+    run = launch(["bash", SETUP], timeout=120, env={"PYTHON": sys.executable, "VENV": str(tmp_path / "venv"),
+                                                    "WHEELHOUSE": str(tmp_path / "wheelhouse")})
+    assert run.returncode == 1, run.describe()
+    (line,) = [line for line in run.output.splitlines() if "error" in line.lower()] or [run.output]
+    assert re.match(rf"\[setup\] error: WHEELHOUSE=\S+ {error}", line), run.describe()
+
+
+@pytest.mark.scale
+def test_with_no_network_and_no_mpi_a_wheelhouse_builds_horovod_for_this_torch_and_gloo_trains(tmp_path, need_horovod):
+    """The GPU machine's case: no network, no MPI, a Python with its own torch. `make wheelhouse`
+    here with USE_SYSTEM_TORCH=1 MPI=none (no torch, no mpi4py in it); then, in a namespace with only
+    lo and no mpicc on PATH, `make setup WHEELHOUSE=DIR USE_SYSTEM_TORCH=1` on this venv's torch, with
+    an empty Horovod wheel cache: MPI becomes Gloo only by itself, Horovod is built from the
+    wheelhouse's sdist; `horovodrun` picks Gloo, an elastic job runs, and `horovodrun --mpi` is one
+    line, exit 2."""
+    wheelhouse, venv, path = tmp_path / "wheelhouse", tmp_path / "venv", path_without_mpi(tmp_path / "bin")
+    make_wheelhouse(wheelhouse, USE_SYSTEM_TORCH="1", MPI="none")
+    assert not list(wheelhouse.glob("torch-*")) and not list(wheelhouse.glob("mpi4py-*"))
+    env = {"PYTHON": sys.executable, "USE_SYSTEM_TORCH": "1", "VENV": str(venv), "WHEELHOUSE": str(wheelhouse),
+           "PATH": path, "HOROVOD_WHEEL_CACHE": str(tmp_path / "cache")}
+    with no_network() as offline:
+        setup = offline_setup(offline, env)
+        assert setup.returncode == 0, setup.describe()
+        for said in (f"installing from WHEELHOUSE={wheelhouse} alone (no index, no apt)",
+                     "no MPI: no mpicc on PATH, and a WHEELHOUSE setup installs no system packages",
+                     "building Horovod 0.28.1", "horovodrun --check-build: PyTorch and Gloo available (no MPI: Gloo only)"):
+            assert said in setup.output, setup.describe()
+        horovodrun, python = str(venv / "bin/horovodrun"), str(venv / "bin/python")
+        check = launch([*offline, horovodrun, "--check-build"], timeout=60, env={"PATH": path})
+        assert re.search(r"\[ \] MPI\b", check.output) and re.search(r"\[X\] Gloo\b", check.output), check.describe()
+
+        cnn = [python, str(REPO / "scripts/train_cnn.py"), "--model", "convnet", "--image-size", "8", "--max-steps", "4"]
+        plain = launch([*offline, horovodrun, "-np", "2", *cnn, "--output-dir", tmp_path / "plain", "--no-resume"],
+                       timeout=300, env={"PATH": path})
+        assert plain.returncode == 0 and "2 workers" in plain.output, plain.describe()
+        elastic = launch([*offline, horovodrun, "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
+                          "--host-discovery-script", f"{python} {REPO / 'scripts/discover_hosts.py'} "
+                          f"{REPO / 'hostfiles/elastic'}", *cnn, "--elastic", "--output-dir", tmp_path / "elastic"],
+                         timeout=300, env={"PATH": path})
+        assert elastic.returncode == 0, elastic.describe()
+        mpi = launch([*offline, horovodrun, "--mpi", "-np", "2", *cnn, "--output-dir", tmp_path / "mpi"], timeout=60,
+                     env={"PATH": path})
     assert mpi.returncode == 2 and "Traceback" not in mpi.output, mpi.describe()
     assert mpi.output.strip() == ("horovodrun: error: this Horovod was built without MPI (Gloo only): launch "
                                   "with horovodrun --gloo, or load an MPI and rerun make setup for mpirun"), mpi.describe()
+
+
+@pytest.mark.scale
+def test_with_no_network_a_wheelhouse_installs_everything_into_a_new_python(tmp_path, need_horovod, need_mpi):
+    """A compute node with no route out: `make wheelhouse` here (torch as make setup chooses it,
+    mpi4py as an sdist with what building it needs, Cython included), then `make setup
+    WHEELHOUSE=DIR` from the system's Python in a namespace with only lo: every package from the
+    wheelhouse, mpi4py compiled against this MPI, Horovod's wheel from the cache `make setup` filled
+    for the same torch; horovodrun --check-build shows MPI, and mpi4py runs."""
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    wheelhouse, venv = tmp_path / "wheelhouse", tmp_path / "venv"
+    make_wheelhouse(wheelhouse, PYTHON=str(base))
+    assert list(wheelhouse.glob("torch-*.whl")) and list(wheelhouse.glob("mpi4py-*.tar.gz"))
+    assert list(wheelhouse.glob("cython-*.whl")), "mpi4py's build asks its backend for Cython"
+    with no_network() as offline:
+        setup = offline_setup(offline, {"PYTHON": str(base), "VENV": str(venv), "WHEELHOUSE": str(wheelhouse)})
+        assert setup.returncode == 0, setup.describe()
+        assert "horovodrun --check-build: PyTorch, MPI and Gloo available" in setup.output, setup.describe()
+        assert "building Horovod" not in setup.output, setup.describe()  # make setup cached this torch's wheel
+        probe = launch([*offline, venv / "bin/python", "-c", "import torch; from mpi4py import MPI; "
+                        "print(MPI.COMM_WORLD.Get_size(), torch.__file__)"], timeout=60)
+    size, torch_file = probe.output.split()[-2:]
+    assert probe.returncode == 0 and size == "1", probe.describe()
+    assert Path(torch_file).is_relative_to(venv), probe.describe()  # the wheelhouse's torch, in the new venv
 
 
 GPU_CHECK_STAGES = ("machine", "check-build", "gpu-tests", "resnet50-amp", "bert-large-phase1", "two-ranks-one-gpu")

@@ -15,6 +15,9 @@
 # Without MPI (MPI=none, or no `mpicc` and no root to install Open MPI) Horovod is built
 # with Gloo alone: `horovodrun --gloo` and elastic jobs work, mpirun does not; mpi4py is
 # left out. Said in one line here and by `horovodrun --check-build`.
+# With no network: `make wheelhouse WHEELHOUSE=DIR` (setup.sh --make-wheelhouse) gathers every
+# package into DIR where there is network; `make setup WHEELHOUSE=DIR` then installs from DIR
+# alone, no index and no apt (scripts/setup/wheelhouse.sh).
 # `setup.sh --dry-run` prints what it would install and changes nothing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,6 +28,7 @@ TORCH_VARIANT=${TORCH_VARIANT:-auto}      # auto | cpu | cuda
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-}      # where pip gets torch (default: see torch_pip_args)
 USE_SYSTEM_TORCH=${USE_SYSTEM_TORCH:-0}   # 1: use the torch that $PYTHON already has
 MPI=${MPI:-auto}                          # auto: an MPI if there is or can be one; none: Gloo only
+WHEELHOUSE=${WHEELHOUSE:-}                # a folder from `make wheelhouse`: install from it alone
 PATCH=scripts/setup/horovod-0.28.1-torch-cxx17.patch
 CUDA_BUILD_REQUIREMENTS=requirements-cuda-build.txt
 WHEEL_CACHE=${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-training-scripts/wheels}
@@ -32,6 +36,7 @@ HOROVOD_VERSION=$(sed -n 's/^horovod==\([0-9.]*\).*/\1/p' requirements.txt)
 TORCH_REQUIREMENT=$(grep -E '^torch[=<>~ ]' requirements.txt)
 NUMPY_REQUIREMENT=$(grep -E '^numpy[=<>~ ]' requirements.txt)
 DRY_RUN=0
+MAKE_WHEELHOUSE=0
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -41,7 +46,8 @@ have() { command -v "$1" >/dev/null 2>&1; }
 for arg in "$@"; do
     case $arg in
         --dry-run) DRY_RUN=1 ;;
-        *) die "unknown argument '$arg' (the only option is --dry-run; the rest are environment variables, see README)" ;;
+        --make-wheelhouse) MAKE_WHEELHOUSE=1 ;;
+        *) die "unknown argument '$arg' (the options are --dry-run and --make-wheelhouse; the rest are environment variables, see docs/setup.md)" ;;
     esac
 done
 case $TORCH_VARIANT in
@@ -60,9 +66,17 @@ if [ "$USE_SYSTEM_TORCH" = 1 ] && { [ "$TORCH_VARIANT" != auto ] || [ -n "$TORCH
     die "USE_SYSTEM_TORCH=1 keeps the installed torch: do not combine it with TORCH_VARIANT or TORCH_INDEX_URL"
 fi
 
+# shellcheck source=scripts/setup/wheelhouse.sh
+source scripts/setup/wheelhouse.sh
+
+installing_from_wheelhouse() { [ -n "$WHEELHOUSE" ] && [ "$MAKE_WHEELHOUSE" = 0 ]; }
+
 resolve_mpi() {
     # auto becomes none where no mpicc is on PATH and none can be installed (not root).
-    if [ "$MPI" = auto ] && ! have mpicc && [ "$EUID" -ne 0 ]; then
+    if [ "$MPI" = auto ] && ! have mpicc && installing_from_wheelhouse; then
+        MPI=none
+        say "no MPI: no mpicc on PATH, and a WHEELHOUSE setup installs no system packages; Horovod is built with Gloo only (horovodrun --gloo and elastic jobs work, mpirun does not; load an MPI module and rerun for mpirun, or set MPI=none to say so)"
+    elif [ "$MPI" = auto ] && ! have mpicc && [ "$EUID" -ne 0 ]; then
         MPI=none
         say "no MPI: no mpicc on PATH and not root to install Open MPI; Horovod is built with Gloo only (horovodrun --gloo and elastic jobs work, mpirun does not; load an MPI module and rerun for mpirun, or set MPI=none to say so)"
     elif [ "$MPI" = none ]; then
@@ -83,6 +97,7 @@ install_system_packages() {
         return 0
     fi
     [ ${#missing[@]} -eq 0 ] && return 0
+    ! installing_from_wheelhouse || die "missing ${missing[*]}: a WHEELHOUSE setup installs no system packages; install them from your site's mirror, or load your cluster's modules so cmake, g++ (and mpicc) are on PATH, then rerun make setup"
     [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}: install them (apt-get install ${missing[*]}), or load your cluster's MPI/compiler modules so mpicc, cmake and g++ are on PATH, then rerun make setup"
     say "apt-get install ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -94,6 +109,7 @@ torch_pip_args() {
     # The pip arguments that install torch for TORCH_VARIANT. PyPI's Linux x86_64
     # torch is the CUDA build; the CPU build lives on PyTorch's own index.
     local index=$TORCH_INDEX_URL
+    installing_from_wheelhouse && { echo "$TORCH_REQUIREMENT"; return 0; }  # the wheelhouse's torch
     [ "$TORCH_VARIANT" = cpu ] && [ -z "$index" ] && index=https://download.pytorch.org/whl/cpu
     echo "$TORCH_REQUIREMENT${index:+ --index-url $index}"
 }
@@ -105,6 +121,7 @@ dry_run_report() {
         say "dry run: venv $VENV from $PYTHON; torch: pip install $(torch_pip_args) (TORCH_VARIANT=$TORCH_VARIANT)"
     fi
     say "dry run: Horovod wheel cache $WHEEL_CACHE"
+    [ -z "$WHEELHOUSE" ] || say "dry run: every package from WHEELHOUSE=$WHEELHOUSE (no index, no apt)"
     if [ "$MPI" = none ]; then
         say "dry run: Horovod with Gloo only (HOROVOD_WITHOUT_MPI=1), no mpi4py"
     else
@@ -146,8 +163,17 @@ add_repository_paths() {
 }
 
 pip_quiet() {
-    # This machine's pip.conf names local wheel folders that may be absent; drop those warnings.
-    "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "is ignored" >&2)
+    # pip, its warnings kept but this machine's pip.conf's absent local folders ("is ignored");
+    # from a wheelhouse, a missing package is one line (wheelhouse_lacks), not pip's page.
+    local errors status=0
+    errors=$(mktemp)
+    "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2>"$errors" || status=$?
+    if [ "$status" -ne 0 ] && installing_from_wheelhouse; then
+        wheelhouse_lacks "$errors" || true
+    fi
+    grep -v "is ignored" "$errors" >&2 || true
+    rm -f "$errors"
+    return "$status"
 }
 
 torch_cuda() {
@@ -253,7 +279,13 @@ build_horovod_wheel() {
     say "building Horovod $HOROVOD_VERSION for torch $torch_version, Python $python_version, $tag (minutes: see docs/setup-proof.md)"
     work=$(mktemp -d)
     trap 'rm -rf "$work"; trap - RETURN' RETURN
-    pip_quiet download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
+    if installing_from_wheelhouse; then
+        [ -f "$WHEELHOUSE/horovod-$HOROVOD_VERSION.tar.gz" ] \
+            || die "WHEELHOUSE=$WHEELHOUSE has no horovod-$HOROVOD_VERSION.tar.gz: remake it with 'make wheelhouse' on a machine with network"
+        cp "$WHEELHOUSE/horovod-$HOROVOD_VERSION.tar.gz" "$work/"
+    else
+        pip_quiet download --no-deps --no-binary horovod "horovod==$HOROVOD_VERSION" -d "$work"
+    fi
     tar xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"
     patch -d "$src" -p1 --quiet < "$PATCH"
@@ -304,6 +336,8 @@ install_requirements() {
     else
         install_torch
     fi
+    # Horovod's setup.py asks for cffi (setup_requires), which setuptools would fetch from an index.
+    pip_quiet install "$(grep -E '^cffi[=<>~ ]' requirements.txt)"
     build_horovod_wheel
 
     # The rest, with torch pinned to the one now installed: requirements.txt
@@ -337,6 +371,11 @@ check_horovod_build() {
     say "horovodrun --check-build: ${list//,/, } and ${features[-1]} available$only"
 }
 
+if [ "$MAKE_WHEELHOUSE" = 1 ]; then
+    make_wheelhouse "${WHEELHOUSE:-wheelhouse}"
+    exit 0
+fi
+installing_from_wheelhouse && use_wheelhouse
 resolve_mpi
 install_system_packages
 if [ "$DRY_RUN" = 1 ]; then

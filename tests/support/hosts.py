@@ -19,6 +19,8 @@ Two instances never meet (own namespaces, bridge and subnet), so their tests
 may run side by side. Everything is removed at the end; every command has a
 timeout.
 """
+import contextlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -221,3 +223,20 @@ def require_hosts():
         require_program(program, INSTALL_HINT)
     require(Path(SSHD).exists(), f"`{SSHD}`", INSTALL_HINT)
     require(os.geteuid() == 0, "root (network namespaces need it)", "run the multi-host tests as root, as CI does")
+
+
+_OFFLINE = itertools.count()
+
+
+@contextlib.contextmanager
+def no_network():
+    """A machine with no network: a namespace with only ``lo``. Yields the prefix that runs a
+    command in it (``ip netns exec NAME``); its processes are killed when it is left."""
+    namespace = f"hvdtest-offline-{os.getpid()}-{next(_OFFLINE)}"
+    sh(["ip", "netns", "add", namespace])
+    try:
+        sh(["ip", "-n", namespace, "link", "set", "lo", "up"])
+        yield ["ip", "netns", "exec", namespace]
+    finally:
+        _kill_in(namespace)
+        subprocess.run(["ip", "netns", "del", namespace], timeout=10, capture_output=True)
