@@ -6,9 +6,11 @@ to a small fraction of a core once training has started (support/ranks.py).
 import json
 import socket
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from support.bert_data import make_small_static_data
 from support.checks import one_error_line
@@ -16,7 +18,8 @@ from support.commands import CNN, PRETRAIN, QUICK_CNN, SLOW_RANK_WATCH, SLOW_SHA
 from support.launch import horovodrun, launch, wait_then
 from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
 
-from hvdtrain.runtime.stragglers import SECTIONS, StragglerWatch, scores, speed_without
+from hvdtrain.runtime.stragglers import SECTIONS, SectionTimer, StragglerWatch, scores, speed_without
+from hvdtrain.training import optim
 
 STRAGGLER_EXIT = 5
 
@@ -79,6 +82,28 @@ def test_a_straggler_is_named_after_patience_intervals_and_once_until_it_recover
     assert w._verdict(slow()) is None and w._verdict(slow()) is not None  # slow again: named again
 
 
+class DecidedAfterAWait:
+    """A non-finite guard whose collective decision (every rank's flag) waits for a slower peer."""
+
+    WAIT = 0.05
+
+    def skip_step(self):
+        time.sleep(self.WAIT)
+        return False
+
+
+def test_waiting_in_the_ranks_step_decision_is_comm_not_the_ranks_own_work():
+    """The ranks decide together whether to skip a step (a collective after the gradient allreduce):
+    a fast rank waits there for a slow one, and that wait must not count as its busy time."""
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    timer = SectionTimer()
+    assert optim.finish_step(optimizer, torch.amp.GradScaler("cpu", enabled=False), guard=DecidedAfterAWait(),
+                             timer=timer)
+    assert timer.seconds["comm"] >= DecidedAfterAWait.WAIT > timer.seconds["optimizer"], timer.seconds
+
+
 def slow_rank_one_once_training(output, share):
     """Throttle rank 1 to ``share`` of a core once rank 0 holds the output directory's lock."""
     require_cpu_cgroup()
@@ -105,10 +130,10 @@ def test_a_throttled_rank_is_named_with_its_host_in_the_log_and_the_tables(tmp_p
                       "--epochs", "2", "--output-dir", out, *SLOW_RANK_WATCH], timeout=300)
     assert run.returncode == 0 and not run.timed_out and throttled, run.describe()
     lines = straggler_lines(run.output)
+    intervals = [json.loads(line) for line in (out / "stragglers.jsonl").read_text().splitlines()]
     # Named once, and again only after an interval in which it kept up (a loaded machine's noise).
     assert lines and all(f"rank 1 on {socket.gethostname()} is the straggler: " in line for line in lines), \
-        run.describe()
-    intervals = [json.loads(line) for line in (out / "stragglers.jsonl").read_text().splitlines()]
+        f"{run.describe()}\nthe intervals' busy scores: {[[r['relative']['busy'] for r in i['ranks']] for i in intervals]}"
     assert len(intervals) >= 3 and [i["step"] for i in intervals] == sorted(i["step"] for i in intervals)
     # Over the whole run, not one interval: a CPU quota stalls the throttled rank in bursts, and
     # a burst may land inside an allreduce, where it counts as that interval's waiting.

@@ -20,20 +20,22 @@ def finish_step(optimizer, scaler, max_grad_norm=0.0, parameters=(), guard=None,
     ``guard`` (a nonfinite.NonFiniteGuard that watched this step's losses):
     the ranks decide together, after the allreduce and before anything uses
     the gradients, whether to skip the step. Returns False for a skipped step.
-    ``timer`` (runtime/stragglers.py): the wait is "comm", the rest "optimizer".
+    ``timer`` (runtime/stragglers.py): the waits are "comm", the rest "optimizer".
     """
     horovod = hasattr(optimizer, "synchronize")
-    if horovod:
-        with timer.section("comm"):
+    with timer.section("comm"):  # waiting for the other ranks, not this rank's own work
+        if horovod:
             optimizer.synchronize()  # Horovod: wait for the averaged gradients
+        skip = guard is not None and guard.skip_step()  # a collective: every rank decides the same
     with timer.section("optimizer"):
-        return _step(optimizer, scaler, max_grad_norm, parameters, guard, horovod)
+        if skip:
+            optimizer.zero_grad()  # every rank drops the (non-finite) averaged gradients
+            return False
+        _step(optimizer, scaler, max_grad_norm, parameters, horovod)
+        return True
 
 
-def _step(optimizer, scaler, max_grad_norm, parameters, guard, horovod):
-    if guard is not None and guard.skip_step():
-        optimizer.zero_grad()  # every rank drops the (non-finite) averaged gradients
-        return False
+def _step(optimizer, scaler, max_grad_norm, parameters, horovod):
     if max_grad_norm > 0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
@@ -41,7 +43,6 @@ def _step(optimizer, scaler, max_grad_norm, parameters, guard, horovod):
         scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad()  # set_to_none, the torch 2 default
-    return True
 
 
 def decay_groups(model, weight_decay):
