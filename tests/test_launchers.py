@@ -7,9 +7,12 @@ and mpirun and horovodrun across two real hosts (network namespaces with sshd,
 see support/hosts.py). The one-machine forms with hostfiles/localhost* run as the
 README writes them in test_readme.py.
 """
+import contextlib
 import json
 import sys
 import time
+
+import pytest
 
 from support.launch import REPO, SCRIPTS, launch, python, wait_then
 from support.hosts import INTERFACE
@@ -86,9 +89,13 @@ def test_horovodrun_across_two_hosts(need_horovod, two_hosts, tmp_path):
     assert_two_rank_run(ran, tmp_path / "run")
 
 
-def test_a_partitioned_host_ends_an_mpirun_job_with_one_line_naming_it(need_horovod, need_mpi, two_hosts, tmp_path):
+@pytest.mark.parametrize("names", [pytest.param("distinct", marks=pytest.mark.scale), "one host name"])
+def test_a_partitioned_host_ends_an_mpirun_job_with_one_line_naming_it(need_horovod, need_mpi, two_hosts, tmp_path,
+                                                                       names):
     """hvd-b's link goes down mid-training (its processes alive, its packets lost): mpirun cannot
-    reach hvd-b's daemon to end the job, so rank 0, having named the lost rank, ends mpirun."""
+    reach hvd-b's daemon to end the job, so rank 0, having named the lost rank, ends mpirun.
+    "one host name": hvd-b says it is hvd-a too (cloned VMs); the heartbeat tells the nodes apart
+    by kernel and network namespace, names hvd-b by its address, and mpirun still ends."""
     hostfile = two_host_hostfile(tmp_path, "openmpi")
     out = tmp_path / "run"
     cut = {}
@@ -100,13 +107,14 @@ def test_a_partitioned_host_ends_an_mpirun_job_with_one_line_naming_it(need_horo
     # Training has begun once the first periodic checkpoint is on disk.
     watcher = wait_then(lambda: any(out.glob("step-*.pt")), partition, 200)
     try:
-        ran = launch(two_hosts.on_first([
-            *two_hosts.mpirun(2, hostfile, pass_env=["HVDTRAIN_WATCHDOG_FLOOR_SECONDS"]),
-            sys.executable, SCRIPTS / "train_cnn.py", "--dataset", "synthetic", "--synthetic-samples", "100000",
-            "--model", "convnet", "--image-size", "8", "--epochs", "20", "--checkpoint-every", "10",
-            "--output-dir", out]),
-            timeout=400, env={**two_hosts.env(), "OMPI_MCA_rmaps_base_oversubscribe": "0",
-                              "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "20"})
+        with two_hosts.named("hvd-b", "hvd-a") if names == "one host name" else contextlib.nullcontext():
+            ran = launch(two_hosts.on_first([
+                *two_hosts.mpirun(2, hostfile, pass_env=["HVDTRAIN_WATCHDOG_FLOOR_SECONDS"]),
+                sys.executable, SCRIPTS / "train_cnn.py", "--dataset", "synthetic", "--synthetic-samples", "100000",
+                "--model", "convnet", "--image-size", "8", "--epochs", "20", "--checkpoint-every", "10",
+                "--output-dir", out]),
+                timeout=400, env={**two_hosts.env(), "OMPI_MCA_rmaps_base_oversubscribe": "0",
+                                  "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "20"})
         ended = time.monotonic()
     finally:
         watcher.join(timeout=1)
@@ -115,5 +123,11 @@ def test_a_partitioned_host_ends_an_mpirun_job_with_one_line_naming_it(need_horo
     assert not ran.timed_out and ran.returncode != 0, ran.describe()
     assert ended - cut["at"] < 120, f"ended {ended - cut['at']:.0f} s after the partition\n{ran.describe()}"
     errors = [line for line in ran.output.splitlines() if ": error:" in line]
-    assert len(errors) == 1 and "not heard from rank 1 (all 1 on hvd-b)" in errors[0], ran.describe()
+    lost = ("rank 1 (all 1 on hvd-b)" if names == "distinct"
+            else f"rank 1 (all 1 on the node at {two_hosts.addresses['hvd-b']}, one of 2 named hvd-a)")
+    assert len(errors) == 1 and f"not heard from {lost}" in errors[0], ran.describe()
+    warnings = [line for line in ran.output.splitlines() if "nodes report the host name" in line]
+    assert warnings == ([] if names == "distinct" else [
+        "warning: 2 nodes report the host name hvd-a (cloned machines or containers?): "
+        "the job's lines name a lost one by its address"]), ran.describe()
     print(f"partition: the job ended {ended - cut['at']:.0f} s after hvd-b's link went down")

@@ -86,3 +86,19 @@ def test_a_rank_is_lost_for_a_time_only_where_the_heartbeat_was_heard(need_horov
     assert rank_6.lost_for(20)
     rank_6.answered[4] = now
     assert not rank_6.lost_for(20)  # the deputy is heard: it judges, and speaks
+
+
+def test_nodes_are_told_apart_by_more_than_their_host_names(need_horovod):
+    """Cloned VMs or containers that report one host name are still two nodes: the second is
+    rank 0's deputy, and a lost one is named by the address its heartbeat came from."""
+    from hvdtrain.runtime import peers
+
+    hosts, nodes = ["a", "a", "a", "a"], ["boot1/net1", "boot1/net1", "boot2/net1", "boot2/net1"]
+    assert peers.shared_names(hosts, nodes) == {"a": 2} and peers.shared_names(hosts, hosts) == {}
+    rank_0 = peers.Peers(0, hosts, listeners={}, nodes=nodes)
+    assert rank_0.deputy == 2
+    rank_0.senders = {1: ("127.0.0.1", 40000), 2: ("10.0.0.2", 40001), 3: ("10.0.0.2", 40002)}
+    assert rank_0.describe([2, 3]) == "ranks 2-3 (all 2 on the node at 10.0.0.2, one of 2 named a)"
+    assert rank_0.describe([1]) == "rank 1 (1 of 2 on rank 0's own node, one of 2 named a)"
+    boot_id = open("/proc/sys/kernel/random/boot_id").read().strip()
+    assert peers.this_node().startswith(f"{boot_id}/")  # then this process's network namespace

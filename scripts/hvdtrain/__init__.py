@@ -2,5 +2,5 @@
 
 Scripts import it as a sibling package (``from hvdtrain import ...``), so every
 script stays launchable by path: ``horovodrun -np 2 python scripts/train_cnn.py``.
-Model definitions never import this package or Horovod.
+Model definitions never import Horovod or the run's machinery (runtime/, training/).
 """

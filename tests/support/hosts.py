@@ -164,6 +164,17 @@ class Hosts:
         """Host ``name`` dies as a node does: every process of ``marker`` on it SIGKILLed at once."""
         _kill_in(self.namespaces[name], marker)
 
+    @contextlib.contextmanager
+    def named(self, host, name):
+        """Host ``host`` reports the host name ``name`` meanwhile (a cloned VM, a container
+        sharing its host's name): its sshd's UTS namespace, which what ssh starts there shares."""
+        sshd = self.sshd[self.names.index(host)]
+        sh(["nsenter", "--target", sshd.pid, "--uts", "hostname", name])
+        try:
+            yield
+        finally:
+            sh(["nsenter", "--target", sshd.pid, "--uts", "hostname", host])
+
     def on(self, host, command):
         """``command`` run on ``host`` (its network namespace and host name)."""
         return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts", "sh", "-c",
@@ -219,7 +230,7 @@ def _kill_in(namespace, marker=""):
 
 
 def require_hosts():
-    for program in ("ip", "ssh", "ssh-keygen", "unshare"):
+    for program in ("ip", "ssh", "ssh-keygen", "unshare", "nsenter"):
         require_program(program, INSTALL_HINT)
     require(Path(SSHD).exists(), f"`{SSHD}`", INSTALL_HINT)
     require(os.geteuid() == 0, "root (network namespaces need it)", "run the multi-host tests as root, as CI does")

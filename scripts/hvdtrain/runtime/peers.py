@@ -3,7 +3,7 @@
 When a rank freezes, dies or is cut off from the network, every other rank
 waits in its next collective and cannot tell why: Horovod's coordinator waits
 in the same negotiation. So two ranks listen, rank 0 and its deputy (the first
-rank on another host than rank 0's), and every rank sends each of them a
+rank on another node than rank 0's), and every rank sends each of them a
 datagram every BEAT_SECONDS from a daemon thread; each listener answers. When
 the progress watchdog (runtime/watchdog.py) finds no progress, or a collective
 fails, one rank speaks for the job (``speaker``):
@@ -22,14 +22,23 @@ exit ends the others through the launcher. A frozen process sends nothing
 datagrams do not arrive: from a listener the three look the same, and the line
 says so. The cost: one datagram of a few dozen bytes per rank every 2 s to each
 of two ranks (256 a second each at 512 ranks), and one allgather of host names
-at start. UDP, so a lost datagram costs nothing and no connection state grows
+and node ids at start. UDP, so a lost datagram costs nothing and no connection state grows
 with the job. On one host there is no deputy (the node lost is the job). Not
 under --elastic, whose world changes.
+
+A node is told from another by its kernel's boot id and its network namespace
+(``this_node``), not by its host name: cloned VMs and containers may all say
+they are ``node-a``. Trusting the name, a rank on the second such node took rank
+0 for a neighbour, beat to its own loopback and was never heard, and the job
+had no deputy; so a lost node went unnamed. Names shared by several nodes are
+said once at start, and a lost one is named by its address.
 """
 import os
 import socket
+import sys
 import threading
 import time
+from pathlib import Path
 
 import horovod.torch as hvd
 
@@ -48,10 +57,11 @@ PORT_ENV = "HVDTRAIN_HEARTBEAT_PORT"  # rank 0's UDP port (default: any free one
 class Peers:
     """This rank's side of the heartbeat: rank 0 and the deputy listen and answer, every rank beats."""
 
-    def __init__(self, rank, hosts, listeners, beating=None, listening=None, step=lambda: None):
+    def __init__(self, rank, hosts, listeners, beating=None, listening=None, step=lambda: None, nodes=None):
         self.rank = rank
         self.hosts = hosts  # rank -> host name, the same list on every rank
-        self.deputy = deputy_of(hosts)
+        self.nodes = hosts if nodes is None else nodes  # rank -> node (this_node), the same on every rank
+        self.deputy = deputy_of(self.nodes)
         self.listeners = listeners  # {0 or the deputy: [(ip, port)]}, those this rank beats to
         self.beating = beating  # this rank's socket for its beats and the answers
         self.listening = listening  # a listener's socket: beats in, answers and the announcement out
@@ -116,16 +126,29 @@ class Peers:
                 "frozen, dead or cut off from the network")
 
     def describe(self, ranks):
-        """"ranks 12-15 (all 4 on node-d), rank 17 (1 of 4 on node-e)": who, grouped by host."""
-        by_host = {}
+        """"ranks 12-15 (all 4 on node-d), rank 17 (1 of 4 on node-e)": who, grouped by node."""
+        by_node = {}
         for rank in sorted(ranks):
-            by_host.setdefault(self.hosts[rank], []).append(rank)
+            by_node.setdefault(self.nodes[rank], []).append(rank)
         parts = []
-        for host, members in by_host.items():
-            on_host = sum(1 for name in self.hosts if name == host)
-            share = f"all {on_host}" if len(members) == on_host else f"{len(members)} of {on_host}"
-            parts.append(f"{rank_list(members)} ({share} on {host})")
+        for node, members in by_node.items():
+            on_node = self.nodes.count(node)
+            share = f"all {on_node}" if len(members) == on_node else f"{len(members)} of {on_node}"
+            parts.append(f"{rank_list(members)} ({share} on {self._node_name(node, members[0])})")
         return ", ".join(parts)
+
+    def _node_name(self, node, rank):
+        """The node's host name; where other nodes have that name too, which one it is."""
+        host = self.hosts[rank]
+        namesakes = shared_names(self.hosts, self.nodes).get(host)
+        if not namesakes:
+            return host
+        address = self.senders.get(rank, ("",))[0]
+        if node == self.nodes[self.rank]:
+            where = f"rank {self.rank}'s own node"
+        else:
+            where = f"the node at {address}" if address else "a node"
+        return f"{where}, one of {namesakes} named {host}"
 
     def on_peer_failure(self):
         """A collective failed (a peer died or left): what this rank says about it (errors.report).
@@ -219,17 +242,39 @@ def judged_limit(seconds):
     return max(seconds, SILENT_SECONDS)
 
 
-def deputy_of(hosts):
-    """The first rank on another host than rank 0's (None on one host): it speaks when rank 0 cannot."""
-    return next((rank for rank, host in enumerate(hosts) if host != hosts[0]), None)
+def deputy_of(nodes):
+    """The first rank on another node than rank 0's (None on one node): it speaks when rank 0 cannot."""
+    return next((rank for rank, node in enumerate(nodes) if node != nodes[0]), None)
+
+
+def this_node():
+    """What tells this node from the others where host names may not: the kernel's boot id (one
+    per machine, a cloned VM's included) and the network namespace (one per container)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:  # not Linux: the host name is all there is
+        return socket.gethostname()
+
+
+def shared_names(hosts, nodes):
+    """{host name: how many nodes report it} for the names more than one node reports."""
+    nodes_named = {}
+    for host, node in zip(hosts, nodes):
+        nodes_named.setdefault(host, set()).add(node)
+    return {host: len(named) for host, named in nodes_named.items() if len(named) > 1}
 
 
 def start(rank, step=lambda: None):
     """Every rank's heartbeat; collectives (the host names in, the listeners' addresses out)."""
-    host = this_host()
-    # Horovod: every rank learns every rank's host (a few bytes each), so all agree on the deputy.
-    hosts = hvd.allgather_object(host, name="hvdtrain.peers.hosts")
-    deputy = deputy_of(hosts)
+    node = this_node()
+    # Horovod: every rank learns every rank's host and node (a few bytes each), so all agree on the deputy.
+    hosts, nodes = map(list, zip(*hvd.allgather_object((this_host(), node), name="hvdtrain.peers.hosts")))
+    if rank == 0:
+        for host, count in shared_names(hosts, nodes).items():
+            print(f"warning: {count} nodes report the host name {host} (cloned machines or containers?): "
+                  "the job's lines name a lost one by its address", file=sys.stderr, flush=True)
+    deputy = deputy_of(nodes)
     port = int(os.environ.get(PORT_ENV, "0"))
     listening = None
     if rank in (0, deputy):
@@ -242,11 +287,11 @@ def start(rank, step=lambda: None):
         # Horovod: where this listener is reached, from the listener to every rank.
         addresses, listener_port = hvd.broadcast_object(offer, root_rank=listener,
                                                          name=f"hvdtrain.peers.listener.{listener}")
-        if host == hosts[listener]:
+        if node == nodes[listener]:
             addresses = ["127.0.0.1"]  # the listener's own node: the loopback always reaches it
         if listener != rank:
             listeners[listener] = [(address, listener_port) for address in addresses]
-    return Peers(rank, hosts, listeners, _udp_socket(0), listening, step)
+    return Peers(rank, hosts, listeners, _udp_socket(0), listening, step, nodes)
 
 
 def _udp_socket(port):

@@ -155,12 +155,11 @@ def placement(rank):
 class StragglerWatch:
     """Times this rank's steps and, every ``interval`` steps, scores every rank. Collective."""
 
-    def __init__(self, settings, rank, size, say=print):
+    def __init__(self, settings, rank, size):
         self.interval = settings.straggler_interval
         self.threshold = settings.straggler_threshold
         self.patience = settings.straggler_patience
         self.action = settings.straggler_action
-        self.say = say  # rank 0's log
         self.timer = SectionTimer()
         self.follow(rank, size)
 

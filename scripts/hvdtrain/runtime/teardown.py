@@ -4,8 +4,9 @@ When a rank ends itself (its watchdog fired), the launcher ends the other
 ranks. But mpirun ends a job through every node's daemon, and a node cut off
 from the network never answers: mpirun then waits for it (measured: still
 running 300 s after one of two hosts lost its link), holding the allocation
-until the time limit. So the rank that names lost ranks leaves behind a small
-detached process that kills the launcher if it is still there
+until the time limit. So a rank whose watchdog ends the job, and the rank that
+names lost ranks after a failed collective, leave behind a small detached
+process that kills the launcher if it is still there
 LAUNCHER_GRACE_SECONDS later. A launcher that ends the job in time is never
 touched; only an mpirun on this rank's own node (one of its ancestors) is
 considered (under ``horovodrun --mpi`` horovodrun then ends too).

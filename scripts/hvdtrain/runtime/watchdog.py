@@ -142,8 +142,9 @@ class Watchdog:
                       f"(limit {limit:.0f} s: {why})", file=sys.stderr, flush=True)
                 if self.peers is not None and self.peers.listens:
                     self.peers.announce_reported()
-                    if self.peers.silent_ranks():  # a lost node: its launcher may never end the job
-                        teardown.end_a_stuck_launcher()
+                # Whatever the heartbeat heard (a lost node may be one it never heard): the
+                # launcher of this rank's node must end, and may wait forever for a cut-off node.
+                teardown.end_a_stuck_launcher()
                 os._exit(WATCHDOG_EXIT)
 
     def _peers_lost(self):
