@@ -25,6 +25,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+# shellcheck source=scripts/setup/cuda_build.sh
+source scripts/setup/cuda_build.sh
 DRY_RUN=${DRY_RUN:-0}
 LOGS=${1:-${OUT:-/tmp/gpu-check}}
 CARRY_LIMIT_MIB=64
@@ -65,24 +67,10 @@ else
     step machine machine.log bash -c "nvidia-smi -L; nvcc --version | tail -2; cmake --version | head -1; gcc --version | head -1; $PYTHON -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))'"
     cat "$LOGS/machine.log"
     # sm_90 for an H100/H200: the capabilities of the GPUs present, nothing else (minutes, not half an hour).
-    CC_LIST=$($PYTHON -c 'import torch; print(",".join(sorted({"%d%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})))')
-    # NCCL from the wheel torch came with (nvidia-nccl-cu12 or -cu13: the layout differs), found by
-    # its files: a folder with nccl.h and libnccl.so.2 laid out as Horovod's build expects.
-    read -r NCCL_H NCCL_SO < <($PYTHON - <<'PY'
-import glob, os, site
-roots = site.getsitepackages()
-def find(name):
-    hits = [h for r in roots for h in glob.glob(os.path.join(r, "nvidia", "**", name), recursive=True)]
-    return hits[0] if hits else "-"
-print(find("nccl.h"), find("libnccl.so.2"))
-PY
-)
-    say "NCCL: $NCCL_H $NCCL_SO"
-    [ "$NCCL_H" != - ] && [ "$NCCL_SO" != - ] || { say "no NCCL headers and library in the NCCL wheel"; exit 1; }
-    mkdir -p "$WORK/nccl/lib"
-    ln -s "$(dirname "$NCCL_H")" "$WORK/nccl/include"
-    ln -s "$NCCL_SO" "$WORK/nccl/lib/libnccl.so"  # the wheel ships only the .so.2
-    ln -s "$NCCL_SO" "$WORK/nccl/lib/libnccl.so.2"
+    CC_LIST=$(gpu_architectures "$PYTHON")
+    # NCCL from the wheel torch came with, laid out as Horovod's build expects (cuda_build.sh).
+    NCCL=$(nccl_from_wheels "$PYTHON" "$WORK") || { say "no NCCL headers and library in the NCCL wheel"; exit 1; }
+    say "NCCL: $NCCL ($(readlink "$NCCL/include"), $(readlink "$NCCL/lib/libnccl.so.2"))"
     CUDA_ROOT=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
     # cffi (Horovod's setup.py requires it for the PyTorch extension) and pycparser come as wheels.
     step wheelhouse build.log $PYTHON -m pip install --no-index --no-deps --no-build-isolation "$WHEELHOUSE"/*.whl \
@@ -95,7 +83,7 @@ PY
     step build build.log timeout "${BUILD_TIMEOUT:-1800}" env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_MPI=1 \
         HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 \
         CXXFLAGS="-include stdexcept -include string -include cstdint" HOROVOD_GPU_OPERATIONS=NCCL \
-        HOROVOD_NCCL_HOME="$WORK/nccl" HOROVOD_CUDA_HOME="$CUDA_ROOT" CUDA_HOME="$CUDA_ROOT" \
+        HOROVOD_NCCL_HOME="$NCCL" HOROVOD_CUDA_HOME="$CUDA_ROOT" CUDA_HOME="$CUDA_ROOT" \
         HOROVOD_BUILD_CUDA_CC_LIST="$CC_LIST" MAKEFLAGS="-j$(nproc)" \
         $PYTHON -m pip install -v --no-index --no-deps --no-build-isolation "$WORK/horovod-0.28.1" || exit 1
 fi

@@ -68,6 +68,8 @@ fi
 
 # shellcheck source=scripts/setup/wheelhouse.sh
 source scripts/setup/wheelhouse.sh
+# shellcheck source=scripts/setup/cuda_build.sh
+source scripts/setup/cuda_build.sh
 
 installing_from_wheelhouse() { [ -n "$WHEELHOUSE" ] && [ "$MAKE_WHEELHOUSE" = 0 ]; }
 
@@ -244,36 +246,18 @@ cuda_toolkit() {
 
 nccl_home() {
     # NCCL for HOROVOD_GPU_OPERATIONS=NCCL: HOROVOD_NCCL_HOME, a system install,
-    # or the nvidia-nccl wheel that CUDA builds of torch bring along, found by its files
-    # (nvidia-nccl-cu12 and -cu13 lay them out differently: the GPU check, 2026-11-27).
+    # or the nvidia-nccl wheel that CUDA builds of torch bring along (cuda_build.sh).
     if [ -n "${HOROVOD_NCCL_HOME:-}" ] || [ -e /usr/include/nccl.h ]; then
         echo "${HOROVOD_NCCL_HOME:-}"; return 0
     fi
-    local header library
-    read -r header library < <("$VENV/bin/python" - <<'PY'
-import glob, os, site, sys
-roots = site.getsitepackages() + [path for path in sys.path if path.endswith("-packages")]  # .pth-added too
-def find(name):
-    hits = [h for r in roots for h in glob.glob(os.path.join(r, "nvidia", "**", name), recursive=True)]
-    return hits[0] if hits else "-"
-print(find("nccl.h"), find("libnccl.so.2"))
-PY
-)
-    [ "$header" != - ] && [ "$library" != - ] \
+    nccl_from_wheels "$VENV/bin/python" "$1" \
         || die "CUDA build needs NCCL: set HOROVOD_NCCL_HOME or load an NCCL module (no nccl.h and libnccl.so.2 in an nvidia wheel either)"
-    # The wheel ships only libnccl.so.2; CMake looks for libnccl.so.
-    mkdir -p "$1/nccl/lib"
-    ln -sf "$(dirname "$header")" "$1/nccl/include"
-    ln -sf "$library" "$1/nccl/lib/libnccl.so"
-    ln -sf "$library" "$1/nccl/lib/libnccl.so.2"
-    echo "$1/nccl"
 }
 
 cuda_architectures() {
-    # The compute capabilities of the GPUs present ("90"), empty without one: Horovod's kernels for
-    # those only (a few minutes on 16 cores instead of every architecture). HOROVOD_BUILD_CUDA_CC_LIST wins.
+    # The GPUs present (cuda_build.sh); HOROVOD_BUILD_CUDA_CC_LIST wins.
     [ -z "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ] || { echo "$HOROVOD_BUILD_CUDA_CC_LIST"; return 0; }
-    "$VENV/bin/python" -c 'import torch; print(",".join(sorted({"%d%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})))' 2>/dev/null || true
+    gpu_architectures "$VENV/bin/python"
 }
 
 build_horovod_wheel() {

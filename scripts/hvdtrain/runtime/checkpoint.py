@@ -273,16 +273,11 @@ class Checkpointer:
             return None
         candidates = checkpoint_paths(self.directory)
         for path in candidates:
-            try:
-                damage = checksum_problem(path)
-                problem = f"damaged: {damage}" if damage else None
-                state = None if damage else load(path)
-            except Exception as error:
-                problem = f"unreadable ({error.__class__.__name__})"
+            state, problem = read(path)
             if problem:
                 _set_aside(path, problem)
                 continue
-            if not isinstance(state, dict) or state.get("format") != FORMAT:
+            if not is_current_format(state):
                 raise UsageError(f"cannot resume from {path}: written by an earlier version of the scripts "
                                  "(use --no-resume or another --output-dir)")
             return str(path), path.stat().st_size
@@ -299,6 +294,20 @@ class Checkpointer:
         # Node-local output directories: rank 0 sends the checkpoint, tensor by tensor.
         self.ctx.print0(f"note: {path} is not visible on every rank; sending it from rank 0")
         return broadcast_state(load(path) if self.ctx.is_main else None)
+
+
+def read(path):
+    """(the saved state, None), or (None, what is wrong with the file: damaged or unreadable)."""
+    try:
+        damage = checksum_problem(path)
+        return (None, f"damaged: {damage}") if damage else (load(path), None)
+    except Exception as error:  # noqa: BLE001 - any failure to read is the file's problem
+        return None, f"unreadable ({error.__class__.__name__})"
+
+
+def is_current_format(state):
+    """Written by this version of the scripts (an earlier one's cannot be resumed)."""
+    return isinstance(state, dict) and state.get("format") == FORMAT
 
 
 def _set_aside(path, problem):

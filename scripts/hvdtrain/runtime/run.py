@@ -280,11 +280,10 @@ def finished_before_start(ctx, settings, results_name="results.json"):
     if ctx.is_main:
         try:
             newest = checkpoint.checkpoint_paths(settings.output_dir)[:1]
-            if newest and not checkpoint.checksum_problem(newest[0]):
-                saved = checkpoint.load(newest[0])
-                if (saved.get("format") == checkpoint.FORMAT and saved["train_state"]["step"] >= settings.steps
-                        and not settings_module.check_resume(saved["settings"], settings, settings.output_dir)):
-                    step = saved["train_state"]["step"]
+            saved, problem = checkpoint.read(newest[0]) if newest else (None, "none")
+            if (not problem and checkpoint.is_current_format(saved) and saved["train_state"]["step"] >= settings.steps
+                    and not settings_module.check_resume(saved["settings"], settings, settings.output_dir)):
+                step = saved["train_state"]["step"]
         except Exception:  # noqa: BLE001 - the restore in Run.start says what it is
             step = None
     # Horovod: rank 0's answer, the finished step or None, to every rank
