@@ -133,6 +133,7 @@ OTHER_PROGRAMS = {
     "tools/measure_balance.py": {"--share", "--rounds"},
     "tools/link_study.py": {"--hosts", "--rates", "--models", "--fusion-mb", "--rounds", "--summarize-only"},
     "tools/scale_study.py": {"--ranks", "--hosts", "--steps", "--no-elastic", "--json"},
+    "tools/measure_optimizer_step.py": {"--device", "--compare"},
 }
 
 

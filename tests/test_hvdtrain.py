@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from torch.utils import _pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hvdtrain.runtime import checkpoint, dist, metrics, runlog
 from hvdtrain import cli
@@ -116,6 +118,55 @@ def test_lamb_moves_each_layer_by_lr_times_its_norm():
     opt.step()
     for new, old in zip((big, small), before):
         assert torch.isclose((new.detach() - old).norm(), 0.01 * old.norm(), rtol=1e-3)
+
+
+def test_lamb_steps_all_tensors_with_a_fixed_number_of_ops():
+    """One multi-tensor op per formula, whatever the tensor count: a loop per tensor made
+    ~15 kernels each, and on an H200 BERT-large's optimizer step took longer than its
+    forward and backward passes (docs/performance.md, "The GPU check")."""
+    def ops_per_step(tensors):
+        params = [torch.nn.Parameter(torch.randn(3)) for _ in range(tensors)]
+        for parameter in params:
+            parameter.grad = torch.randn(3)
+        opt = optim.LAMB([{"params": params, "weight_decay": 0.1}])
+        opt.step()  # the moments are created once, a pair per tensor
+        with CountedOps() as counted:
+            opt.step()
+        return counted.device_ops
+
+    assert ops_per_step(40) == ops_per_step(4)
+
+
+class CountedOps(TorchDispatchMode):
+    """The aten ops a block dispatches on non-CPU-scalar tensors (device kernels, roughly)."""
+
+    def __enter__(self):
+        self.device_ops = 0
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tensors = [t for t in _pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if any(t.dim() > 0 for t in tensors) or func.__name__.startswith("_foreach"):
+            self.device_ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_lamb_without_decay_or_trust_ratio_is_torch_adam_over_steps():
+    """Weight decay 0 and no NVLAMB: the LAMB step is Adam's, step after step."""
+    torch.manual_seed(0)
+    start = [torch.randn(5, 3, dtype=torch.float64), torch.randn(7, dtype=torch.float64)]
+    ours = [torch.nn.Parameter(t.clone()) for t in start]
+    theirs = [torch.nn.Parameter(t.clone()) for t in start]
+    lamb = optim.LAMB([{"params": ours, "weight_decay": 0.0}], lr=0.01, eps=1e-6)
+    adam = torch.optim.Adam(theirs, lr=0.01, eps=1e-6, foreach=False)
+    for _ in range(5):
+        grads = [torch.randn_like(t) for t in start]
+        for params, optimizer in ((ours, lamb), (theirs, adam)):
+            for parameter, grad in zip(params, grads):
+                parameter.grad = grad.clone()
+            optimizer.step()
+    for mine, reference in zip(ours, theirs):
+        torch.testing.assert_close(mine.detach(), reference.detach(), rtol=1e-12, atol=1e-12)
 
 
 def lamb_first_step_by_hand(weights, grads, lr, weight_decay, eps, adapt):

@@ -14,14 +14,15 @@
 # the GPU collectives; CUDA kernels for the GPUs present only); `horovodrun --check-build`; the
 # `gpu` tests (tests/test_gpu.py); then the figures: benchmark.py train (the trainers' own steps on
 # synthetic data, warm-up left out) for ResNet-50 at 224 px with AMP and BERT-large phase 1
-# (sequence 128, bf16), each with and without --compile, and two ranks sharing the one GPU.
+# (sequence 128, bf16), each with and without --compile; BERT-large's optimizer step alone against
+# torch's fused AdamW (tools/measure_optimizer_step.py); two ranks sharing the one GPU.
 # LOG_DIR (default: $OUT, else /tmp/gpu-check) receives at most 8 files (what a device call returns):
-# machine.log, build.log, gpu-tests.log, measure.log, figures.json, summary.txt.
+# machine.log, build.log, gpu-tests.log, measure.log, figures.json, optimizer-step.json, summary.txt.
 # DRY_RUN=1 runs every stage it can on a CPU: no build (the installed Horovod), the gpu tests
 # deselected, the figures with the smallest models and one timed step, no --compile.
 # Ran on a lent NVIDIA H200 on 2026-11-27 (Python 3.12.3, torch 2.11.0+cu130, nvcc 13.0, GCC 13.3,
-# CMake 4.4): build 116 s, the 9 gpu tests passed in 135 s (the figures stage came after that run);
-# results in docs/performance.md ("The GPU check").
+# CMake 4.4): build 116 s, the 9 gpu tests passed in 135 s; again the same day with the figures:
+# 508 s in all (the optimizer stage came after that run). Results in docs/performance.md ("The GPU check").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -102,10 +103,12 @@ grep -E "PASSED|FAILED|ERROR|passed|failed|deselected" "$LOGS/gpu-tests.log" | t
 if [ "$DRY_RUN" = 1 ]; then
     CNN=(--model resnet20 --batch-size 4) BERT=(--model bert-mini --batch-size 2 --seq-length 32 --vocab-size 1000)
     TIMING=(--warmup-steps 1 --windows 1 --window-steps 1) COMPILE=() SHARED=(--model resnet20 --batch-size 4)
+    OPTIMIZER=(--model bert-mini --vocab-size 1000 --warmup-steps 1 --steps 1)
 else
     CNN=(--model resnet50 --image-size 224 --amp --channels-last --batch-size 256)
     BERT=(--model bert-large --precision bf16 --seq-length 128 --vocab-size 30522 --batch-size 64)
     TIMING=(--warmup-steps 10 --windows 3 --window-steps 10) COMPILE=(--compile) SHARED=("${CNN[@]}")
+    OPTIMIZER=(--model bert-large --steps 20)
 fi
 measure() {  # measure NAME NP ARGS...: one benchmark.py train run into LOGS/NAME.json (gathered below)
     local name=$1 np=$2
@@ -119,6 +122,10 @@ if [ ${#COMPILE[@]} -gt 0 ]; then
     measure resnet50-amp-compile 1 "${CNN[@]}" "${COMPILE[@]}"
     measure bert-large-phase1-compile 1 "${BERT[@]}" "${COMPILE[@]}"
 fi
+# The optimizer step alone against torch's fused AdamW (the memory-bound pass every Adam-family
+# step makes): LAMB's multi-tensor ops, BERT-large's 398 tensors, no forward or backward pass.
+step optimizer-step measure.log timeout "${MEASURE_TIMEOUT:-300}" $PYTHON tools/measure_optimizer_step.py \
+    "${OPTIMIZER[@]}" --output "$LOGS/optimizer-step.json" && grep -A3 "^bert-" "$LOGS/measure.log" | tail -4 | tee -a "$LOGS/summary.txt"
 # Two ranks on one GPU: NCCL refuses two ranks on one device; said here, not hidden.
 measure two-ranks-one-gpu 2 "${SHARED[@]}" || say "two ranks on one GPU: $(grep -m1 -iE 'error|duplicate' "$LOGS/measure.log" | cut -c1-200)"
 $PYTHON - "$WORK" "$LOGS/figures.json" "$DRY_RUN" <<'PY' | tee -a "$LOGS/summary.txt"
