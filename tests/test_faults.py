@@ -154,7 +154,7 @@ def test_a_rank_frozen_in_an_evaluation_ends_the_job_after_the_step_limit_not_th
 
 # ---------------------------------------------------------------- the parts, without a launch
 def test_the_limit_adapts_to_the_slowest_recent_step_with_a_floor():
-    from hvdtrain.runtime.watchdog import Watchdog
+    from hvdtrain.liveness.watchdog import Watchdog
     watchdog = Watchdog(rank=0, floor=60, phase_timeout=1800, watch=False)
     assert watchdog.limit()[0] == 1800  # before the first step (it may compile)
     watchdog.step(1)
@@ -171,7 +171,7 @@ def test_the_limit_adapts_to_the_slowest_recent_step_with_a_floor():
 
 def test_fault_spec_errors_are_one_line():
     from hvdtrain import cli
-    from hvdtrain.runtime import faults
+    from hvdtrain import faults
     assert faults.parse("rank=1,step=20,kind=stop") == faults.Fault(1, 20, "stop")
     assert faults.parse("rank=1,step=44,kind=kill,phase=writing a checkpoint").phase == "writing a checkpoint"
     for bad in ("rank=1,kind=nap", "step=3,kind=stop", "rank=1,kind=stop,when=now"):
@@ -180,16 +180,16 @@ def test_fault_spec_errors_are_one_line():
 
 
 def test_a_peer_failure_and_an_own_error_read_as_one_line():
-    from hvdtrain import errors
+    from hvdtrain.liveness import failures
     try:
         raise RuntimeError("bad shard\nmore detail")
     except RuntimeError as error:
-        line = errors.describe(error, "rank 1")
+        line = failures.describe(error, "rank 1")
     assert line.startswith("rank 1: error: RuntimeError") and "bad shard" in line and "\n" not in line
     assert "test_faults.py" in line  # where it was raised
     peer = type("HorovodInternalError", (RuntimeError,), {})("Horovod has been shut down. This was caused by")
-    assert errors.describe(peer, "rank 0").startswith(
-        "rank 0: error: a collective failed") and "another rank died" in errors.describe(peer, "rank 0")
+    assert failures.describe(peer, "rank 0").startswith(
+        "rank 0: error: a collective failed") and "another rank died" in failures.describe(peer, "rank 0")
 
 
 def test_a_bad_watchdog_setting_is_one_line_exit_2(need_horovod):

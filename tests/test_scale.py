@@ -39,10 +39,10 @@ def test_a_frozen_node_at_16_ranks_is_one_line_naming_its_ranks(tmp_path, need_h
 
 
 def test_the_job_speaks_through_rank_0_else_its_deputy_else_each_rank_itself(need_horovod):
-    """Who prints the job's one line, as each rank sees it (runtime/peers.py): rank 0 while
+    """Who prints the job's one line, as each rank sees it (liveness/peers.py): rank 0 while
     heard; the first rank on another host when rank 0 is silent (its node is the one lost);
     a rank that hears neither speaks for itself."""
-    from hvdtrain.runtime import peers
+    from hvdtrain.liveness import peers
 
     hosts = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
     assert peers.deputy_of(hosts) == 4 and peers.deputy_of(["a", "a"]) is None
@@ -66,10 +66,10 @@ def test_the_job_speaks_through_rank_0_else_its_deputy_else_each_rank_itself(nee
 
 
 def test_a_rank_is_lost_for_a_time_only_where_the_heartbeat_was_heard(need_horovod):
-    """Peers.lost_for, which cuts a long phase short (runtime/watchdog.py): the speaking
+    """Peers.lost_for, which cuts a long phase short (liveness/watchdog.py): the speaking
     listener judges by the ranks it heard; another rank only once it heard the listeners and
     no longer does; never under the heartbeat's 10 s resolution."""
-    from hvdtrain.runtime import peers
+    from hvdtrain.liveness import peers
 
     hosts = ["a"] * 4 + ["b"] * 4
     now = time.monotonic()
@@ -91,7 +91,7 @@ def test_a_rank_is_lost_for_a_time_only_where_the_heartbeat_was_heard(need_horov
 def test_nodes_are_told_apart_by_more_than_their_host_names(need_horovod):
     """Cloned VMs or containers that report one host name are still two nodes: the second is
     rank 0's deputy, and a lost one is named by the address its heartbeat came from."""
-    from hvdtrain.runtime import peers
+    from hvdtrain.liveness import peers
 
     hosts, nodes = ["a", "a", "a", "a"], ["boot1/net1", "boot1/net1", "boot2/net1", "boot2/net1"]
     assert peers.shared_names(hosts, nodes) == {"a": 2} and peers.shared_names(hosts, hosts) == {}

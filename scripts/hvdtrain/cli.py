@@ -7,7 +7,8 @@ import argparse
 import shlex
 import sys
 
-from hvdtrain.errors import UsageError, fail, report
+from hvdtrain.errors import UsageError, fail
+from hvdtrain.liveness.failures import report
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """--help of every script: each option's default shown once, texts kept as written.

@@ -16,7 +16,7 @@ from horovod.runner.elastic.worker import HostUpdateResult
 
 from hvdtrain.runtime.elastic import Commits
 from hvdtrain.runtime.run import TrainState
-from hvdtrain.runtime.watchdog import Watchdog
+from hvdtrain.liveness.watchdog import Watchdog
 
 
 def a_run():

@@ -19,21 +19,13 @@ cannot skip comments or blank lines and needs ``slots=`` on every line, so the
 Pure Python (no torch, no Horovod; python-hostlist is pure Python too): the host
 tools run anywhere, fast.
 """
-import os
 import re
-import socket
 from dataclasses import dataclass, field
 
 import hostlist  # python-hostlist: Slurm host list syntax
 
 from hvdtrain.errors import UsageError
 
-
-def this_host():
-    """This process's host as its launcher knows it: horovodrun's name for it (also what
-    elastic discovery lists), else the machine's host name. One name for one host in
-    every line the job prints (a lost rank's, a straggler's)."""
-    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
 
 FORMATS = ("openmpi", "mpich", "horovodrun", "H")
 # --elastic: the file of hosts scripts/discover_hosts.py leaves out (the trainers add a straggler's);

@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from hvdtrain.runtime import dist, durations, faults
+from hvdtrain import durations, faults
+from hvdtrain.runtime import dist
 from hvdtrain.errors import UsageError
 
 FORMAT = 2  # the layout below; earlier checkpoints cannot be resumed

@@ -19,7 +19,7 @@ import torch
 import horovod.torch as hvd
 
 from hvdtrain.errors import UsageError
-from hvdtrain.runtime import durations
+from hvdtrain import durations
 
 # Paths that may differ between ranks (node-local copies of the same files):
 # what they hold is compared through the data facts instead. --threads may be

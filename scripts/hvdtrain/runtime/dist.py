@@ -14,9 +14,9 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 
-from hvdtrain import cli, errors
+from hvdtrain import cli
 from hvdtrain.errors import UsageError
-from hvdtrain.runtime import peers, watchdog as watchdog_module
+from hvdtrain.liveness import failures, peers, watchdog as watchdog_module
 
 # HOROVOD_CYCLE_TIME (ms) under the Gloo controller (horovodrun --gloo, --elastic) unless
 # set: Gloo negotiates over TCP every cycle, and at Horovod's 1 ms that costs the
@@ -65,7 +65,7 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
     """Start Horovod, pin this rank to its GPU, and share the CPU cores fairly.
 
     Also starts the progress watchdog: ``ctx.watchdog.step(n)`` after every step
-    (see runtime/watchdog.py; HVDTRAIN_WATCHDOG_SECONDS sets a fixed limit, 0 turns it off).
+    (see liveness/watchdog.py; HVDTRAIN_WATCHDOG_SECONDS sets a fixed limit, 0 turns it off).
     """
     # Horovod reads these at init; an explicit environment setting wins.
     # (horovodrun's --stall-check-shutdown-time-seconds sets the same variable.)
@@ -112,7 +112,7 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
     watchdog = watchdog_module.from_env(hvd.rank())
     if not elastic and hvd.size() > 1:  # who else is alive, so a hang can name the lost ranks and hosts
         watchdog.peers = peers.start(hvd.rank(), step=lambda: watchdog.step_number)
-        errors.set_peer_witness(watchdog.peers)  # a lost peer: one line, rank 0's, naming it
+        failures.set_peer_witness(watchdog.peers)  # a lost peer: one line, rank 0's, naming it
     return Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                    local_size=hvd.local_size(), device=device, watchdog=watchdog)
 

@@ -30,7 +30,8 @@ import os
 
 import torch
 
-from hvdtrain.runtime import dist, peers
+from hvdtrain.liveness import peers
+from hvdtrain.runtime import dist
 from hvdtrain.errors import NONFINITE_EXIT, UsageError
 
 # Tests only: "rank=1,steps=5,6" makes rank 1's loss NaN at steps 5 and 6.

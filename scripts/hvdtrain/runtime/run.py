@@ -25,8 +25,9 @@ from pathlib import Path
 
 import horovod.torch as hvd
 
-from hvdtrain import cli, errors
-from hvdtrain.runtime import dist, durations, elastic, faults, nonfinite, settings as settings_module, stragglers
+from hvdtrain import cli, durations, faults
+from hvdtrain.liveness import failures
+from hvdtrain.runtime import dist, elastic, nonfinite, settings as settings_module, stragglers
 from hvdtrain.runtime import checkpoint
 from hvdtrain.runtime.checkpoint import Checkpointer, RngState, clear_run_outputs
 from hvdtrain.runtime.metrics import Throughput, total_throughput
@@ -153,7 +154,7 @@ class Run:
         state = self.state
         state.step, state.step_in_epoch = state.step + 1, state.step_in_epoch + 1
         self.ctx.watchdog.step(state.step)  # progress, and how long steps take (the stall limit)
-        errors.note_step(state.step)  # a one-line failure report says "after step N"
+        failures.note_step(state.step)  # a one-line failure report says "after step N"
         faults.at_step(self.ctx.rank, state.step)  # test-only fault injection (HVDTRAIN_FAULT)
         self.throughput.step(samples)
         self.log.progress(state.step)

@@ -27,7 +27,8 @@ import torch
 import horovod.torch as hvd
 
 from hvdtrain.errors import STRAGGLER_EXIT, UsageError
-from hvdtrain.launch.hosts import EXCLUDED_HOSTS_VAR, this_host  # noqa: F401 (EXCLUDED_HOSTS_VAR: stragglers.EXCLUDED_HOSTS_VAR)
+from hvdtrain.liveness.peers import this_host
+from hvdtrain.launch.hosts import EXCLUDED_HOSTS_VAR  # noqa: F401 (EXCLUDED_HOSTS_VAR: stragglers.EXCLUDED_HOSTS_VAR)
 
 SECTIONS = ("data", "compute", "comm", "optimizer")
 BUSY = ("data", "compute", "optimizer")  # the rank's own work; comm is mostly waiting for others

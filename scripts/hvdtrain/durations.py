@@ -3,7 +3,7 @@
 What grows with the number of ranks shows here rather than in the step time:
 the rank agreement check (one allgather of a 32-byte digest per rank), each
 checkpoint's per-rank gather and write, restores, elastic resets. One set per
-process; the watchdog's phases add to it (runtime/watchdog.py), the other
+process; the watchdog's phases add to it (liveness/watchdog.py), the other
 moments use ``timed``. tools/scale_study.py reads rank 0's at 1 to 32 ranks
 (docs/scale.md).
 """

@@ -16,7 +16,7 @@ With ``phase=NAME`` the fault happens instead as that rank enters the watchdog
 phase NAME after that step (``rank=1,step=44,kind=stop,phase=evaluating``): a
 node lost in the middle of an evaluation or a checkpoint write.
 
-What a job prints when a rank fails this way is ``hvdtrain.errors.report``'s one line.
+What a job prints when a rank fails this way is ``hvdtrain.liveness.failures.report``'s one line.
 """
 import os
 import signal

@@ -5,7 +5,7 @@ waits in its next collective and cannot tell why: Horovod's coordinator waits
 in the same negotiation. So two ranks listen, rank 0 and its deputy (the first
 rank on another node than rank 0's), and every rank sends each of them a
 datagram every BEAT_SECONDS from a daemon thread; each listener answers. When
-the progress watchdog (runtime/watchdog.py) finds no progress, or a collective
+the progress watchdog (liveness/watchdog.py) finds no progress, or a collective
 fails, one rank speaks for the job (``speaker``):
 
 - rank 0, naming the ranks it has not heard from for SILENT_SECONDS, with their
@@ -42,8 +42,7 @@ from pathlib import Path
 
 import horovod.torch as hvd
 
-from hvdtrain.launch.hosts import this_host
-from hvdtrain.runtime import teardown
+from hvdtrain.liveness import teardown
 
 BEAT_SECONDS = 2.0
 SILENT_SECONDS = 10.0  # not heard for this long: frozen, dead or cut off
@@ -151,7 +150,7 @@ class Peers:
         return f"{where}, one of {namesakes} named {host}"
 
     def on_peer_failure(self):
-        """A collective failed (a peer died or left): what this rank says about it (errors.report).
+        """A collective failed (a peer died or left): what this rank says about it (failures.report).
 
         The speaker (rank 0, or the deputy once rank 0 is silent for
         LOST_AFTER_SECONDS) waits a few beats for the lost ranks to fall silent
@@ -245,6 +244,13 @@ def judged_limit(seconds):
 def deputy_of(nodes):
     """The first rank on another node than rank 0's (None on one node): it speaks when rank 0 cannot."""
     return next((rank for rank, node in enumerate(nodes) if node != nodes[0]), None)
+
+
+def this_host():
+    """This process's host as its launcher knows it: horovodrun's name for it (also what
+    elastic discovery lists), else the machine's host name. One name for one host in
+    every line the job prints (a lost rank's, a straggler's)."""
+    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
 
 
 def this_node():

@@ -13,8 +13,9 @@ import time
 import traceback
 
 from hvdtrain.errors import WATCHDOG_EXIT, UsageError
-from hvdtrain.runtime import durations, faults, teardown
-from hvdtrain.runtime.peers import judged_limit
+from hvdtrain import durations, faults
+from hvdtrain.liveness import teardown
+from hvdtrain.liveness.peers import judged_limit
 
 # A rank that freezes (alive but silent) would otherwise hang the job forever:
 # Horovod's stall check only warns unless a shutdown time is set, and with the
@@ -67,7 +68,7 @@ class Watchdog:
         self.step_number = None  # the latest finished step; None before the first
         self.last_beat = time.monotonic()
         self.current_phase = None
-        self.peers = None  # runtime/peers.py: who else is alive, to name them (dist.init)
+        self.peers = None  # liveness/peers.py: who else is alive, to name them (dist.init)
         if watch and fixed != 0:  # watch=False: only the limits (tests)
             threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True).start()
 
