@@ -19,7 +19,8 @@ from support.launch import horovodrun, launch, wait_then
 from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
 from support.weights import EXACT, assert_same_weights, checkpoint_at
 
-from hvdtrain.data.bert_elastic import RECORD_ENV, cut
+from hvdtrain.data.bert_elastic import cut
+from hvdtrain.testhooks import RECORD_ENV
 from hvdtrain.data.sampling import BalancedSampler
 from hvdtrain.training.balance import Shares, split
 

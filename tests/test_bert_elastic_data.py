@@ -11,7 +11,8 @@ import h5py
 import numpy as np
 
 from hvdtrain.data import bert_data
-from hvdtrain.data.bert_elastic import RECORD_ENV, BinPosition, ElasticPretrainingData
+from hvdtrain.data.bert_elastic import BinPosition, ElasticPretrainingData
+from hvdtrain.testhooks import RECORD_ENV
 from support.bert_data import all_instances, make_small_static_data, trained_instances
 
 

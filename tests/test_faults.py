@@ -169,14 +169,18 @@ def test_the_limit_adapts_to_the_slowest_recent_step_with_a_floor():
     assert Watchdog(rank=0, fixed=7, floor=60, watch=False).limit() == (7, "HVDTRAIN_WATCHDOG_SECONDS=7")
 
 
-def test_fault_spec_errors_are_one_line():
+def test_fault_spec_errors_are_one_line(monkeypatch):
     from hvdtrain import cli
-    from hvdtrain import faults
-    assert faults.parse("rank=1,step=20,kind=stop") == faults.Fault(1, 20, "stop")
-    assert faults.parse("rank=1,step=44,kind=kill,phase=writing a checkpoint").phase == "writing a checkpoint"
+    from hvdtrain import testhooks
+    assert testhooks.parse_fault("rank=1,step=20,kind=stop") == testhooks.Fault(1, 20, "stop")
+    assert testhooks.parse_fault("rank=1,step=44,kind=kill,phase=writing a checkpoint").phase == "writing a checkpoint"
     for bad in ("rank=1,kind=nap", "step=3,kind=stop", "rank=1,kind=stop,when=now"):
         with pytest.raises(cli.UsageError, match="HVDTRAIN_FAULT"):
-            faults.parse(bad)
+            testhooks.parse_fault(bad)
+    # dist.init reads every hook's variable before training: a bad one stops the start, not step N.
+    monkeypatch.setenv(testhooks.NONFINITE_ENV, "rank=1")
+    with pytest.raises(cli.UsageError, match=testhooks.NONFINITE_ENV):
+        testhooks.check_environment()
 
 
 def test_a_peer_failure_and_an_own_error_read_as_one_line():

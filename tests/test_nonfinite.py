@@ -1,7 +1,7 @@
 """A NaN or Inf loss on one rank: every rank skips the same steps, or every rank stops.
 
 Real horovodrun launches; the non-finite loss is injected on one rank at given
-steps through HVDTRAIN_INJECT_NONFINITE (hvdtrain/nonfinite.py), which
+steps through HVDTRAIN_INJECT_NONFINITE (hvdtrain/testhooks.py), which
 multiplies that rank's loss by NaN, so its gradients turn NaN too and Horovod's
 average carries them to every rank, as a real divergence would.
 """
@@ -12,6 +12,7 @@ import re
 import pytest
 import torch
 
+from hvdtrain import testhooks
 from hvdtrain.runtime import nonfinite
 from hvdtrain.errors import UsageError
 from support.bert_data import make_small_static_data
@@ -27,7 +28,7 @@ SKIPPED = re.compile(r"non-finite loss \(NaN or Inf\) at step (\d+) on rank (\d+
 
 
 def inject(spec):
-    return {nonfinite.INJECT_ENV: spec}
+    return {testhooks.NONFINITE_ENV: spec}
 
 
 def test_every_rank_skips_the_same_steps_and_keeps_equal_finite_weights():
@@ -102,10 +103,10 @@ def test_bert_skips_the_bad_steps_with_accumulation(tmp_path):
 
 @pytest.mark.parametrize("text", ["rank=1", "rank=x,steps=1", "node=1,steps=2", "rank=1,steps=2,a"])
 def test_a_malformed_injection_is_a_usage_error(text):
-    with pytest.raises(UsageError, match=nonfinite.INJECT_ENV):
-        nonfinite.parse_injection(text)
+    with pytest.raises(UsageError, match=testhooks.NONFINITE_ENV):
+        testhooks.parse_nonfinite(text)
 
 
 def test_injection_groups_per_rank():
-    assert nonfinite.parse_injection("rank=0,steps=2,3; rank=1,steps=5") == {0: {2, 3}, 1: {5}}
-    assert nonfinite.parse_injection("") == {}
+    assert testhooks.parse_nonfinite("rank=0,steps=2,3; rank=1,steps=5") == {0: {2, 3}, 1: {5}}
+    assert testhooks.parse_nonfinite("") == {}

@@ -3,7 +3,7 @@
     cell = run_cell("stop", "mpirun", env={...})   # or "srun" with a SlurmCluster
     cell.seconds_after_fault, cell.returncode, cell.message
 
-Faults are injected by the trainer itself (HVDTRAIN_FAULT, hvdtrain/faults.py):
+Faults are injected by the trainer itself (HVDTRAIN_FAULT, hvdtrain/testhooks.py):
 rank 1 SIGSTOPs or SIGKILLs its own process, deadlocks its main thread, or
 raises, right after step FAULT_STEP. Shared by tests/test_faults.py and
 tools/fault_matrix.py (the README's table).

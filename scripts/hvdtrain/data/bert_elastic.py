@@ -20,16 +20,12 @@ Pure (no Horovod): the trainer passes rank, size and the position in.
 """
 import bisect
 import contextlib
-import os
 
 import numpy as np
 
+from hvdtrain import testhooks
 from hvdtrain.data.bert_data import PretrainingData, ShardStream
 from hvdtrain.data.sampling import assign_rows, global_steps
-
-# Test-only: append "STEP EPOCH SIZE RANK FILE:ROW,..." per trained step and rank to this file.
-RECORD_ENV = "HVDTRAIN_RECORD_INSTANCES"
-
 
 class BinPosition:
     """--elastic: the epoch in progress, its steps and the instances of each length bin trained.
@@ -68,7 +64,7 @@ class ElasticPretrainingData(PretrainingData):
         self.shares = shares  # --balance: instances per rank and step (a list changed in place), or equal
         self.totals = [sum(sizes) for sizes, _, _ in self.bins]
         self.plan = None  # the step in progress: (step, bin, start, stop, [instance ids])
-        self.record = os.environ.get(RECORD_ENV)
+        self.record = testhooks.recording_instances()  # test-only (HVDTRAIN_RECORD_INSTANCES)
 
     def _steps_left(self, taken):
         """Per bin: [(start, stop)] of its steps left at this size (one sequence per rank and micro-batch at least)."""
@@ -134,12 +130,7 @@ class ElasticPretrainingData(PretrainingData):
         _, b, _, stop, ids = self.plan
         self.position.taken[b], self.position.steps, self.plan = stop, self.position.steps + 1, None
         if self.record:
-            line = f"{global_step} {self.epoch} {self.size} {self.rank} {','.join(ids)}\n"
-            descriptor = os.open(self.record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(descriptor, line.encode())  # one write: the ranks' lines do not mix
-            finally:
-                os.close(descriptor)
+            testhooks.instances_trained(global_step, self.epoch, self.size, self.rank, ids)
 
     @staticmethod
     def _instance_ids(stream, position, count):

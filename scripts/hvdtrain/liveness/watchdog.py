@@ -13,7 +13,7 @@ import time
 import traceback
 
 from hvdtrain.errors import WATCHDOG_EXIT, UsageError
-from hvdtrain import durations, faults
+from hvdtrain import durations, testhooks
 from hvdtrain.liveness import teardown
 from hvdtrain.liveness.peers import judged_limit
 
@@ -91,7 +91,7 @@ class Watchdog:
         self.beat()
         try:
             with durations.timed(name):
-                faults.in_phase(self.rank, self.step_number, name)  # test-only (HVDTRAIN_FAULT)
+                testhooks.phase_entered(self.rank, self.step_number, name)  # test-only (HVDTRAIN_FAULT)
                 yield
         finally:
             self.current_phase = outer

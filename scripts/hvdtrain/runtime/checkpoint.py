@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from hvdtrain import durations, faults
+from hvdtrain import durations, testhooks
 from hvdtrain.runtime import dist
 from hvdtrain.errors import UsageError
 
@@ -235,7 +235,7 @@ class Checkpointer:
                     write_checksum(self.directory / "best.pt", digest)
                     _link_or_copy(path, self.directory / "best.pt")
                 prune(self.directory, self.keep, path)
-            faults.in_checkpoint_write(self.ctx.rank, step)  # test-only: a slow file system
+            testhooks.checkpoint_writing(self.ctx.rank, step)  # test-only: a slow file system
             # The other ranks wait here, inside the phase, rather than in their
             # next collective, where the watchdog's short limit applies.
             dist.all_ranks_true(True)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 
-from hvdtrain import cli
+from hvdtrain import cli, testhooks
 from hvdtrain.errors import UsageError
 from hvdtrain.liveness import failures, peers, watchdog as watchdog_module
 
@@ -67,6 +67,7 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
     Also starts the progress watchdog: ``ctx.watchdog.step(n)`` after every step
     (see liveness/watchdog.py; HVDTRAIN_WATCHDOG_SECONDS sets a fixed limit, 0 turns it off).
     """
+    testhooks.check_environment()  # a malformed test-only variable: one line, exit 2, before any step
     # Horovod reads these at init; an explicit environment setting wins.
     # (horovodrun's --stall-check-shutdown-time-seconds sets the same variable.)
     # The watchdog finds hangs; Horovod's own shutdown (MPI only) is a backstop that

@@ -26,35 +26,29 @@ overflow in the scaled gradients with a finite loss stays GradScaler's own
 business (it skips that step and lowers its scale, the same on every rank,
 since it sees the averaged gradients).
 """
-import os
 
 import torch
 
+from hvdtrain import testhooks
+from hvdtrain.errors import NONFINITE_EXIT, UsageError
 from hvdtrain.liveness import peers
 from hvdtrain.runtime import dist
-from hvdtrain.errors import NONFINITE_EXIT, UsageError
-
-# Tests only: "rank=1,steps=5,6" makes rank 1's loss NaN at steps 5 and 6.
-INJECT_ENV = "HVDTRAIN_INJECT_NONFINITE"
-
 
 class NonFiniteGuard:
     """Watches a step's losses on this rank; ``skip_step()`` is the ranks' joint verdict."""
 
-    def __init__(self, policy, max_in_a_row, rank, state, say=print, inject=None):
+    def __init__(self, policy, max_in_a_row, rank, state, say=print):
         self.policy = policy
         self.max_in_a_row = max_in_a_row
         self.rank = rank
         self.state = state  # a run.TrainState: the step in progress and the skipped count
         self.say = say
-        self.inject_steps = inject.get(rank, set()) if inject else set()
         self.in_a_row = 0  # not checkpointed: a resumed run starts a new streak
         self.finite = True
 
     @classmethod
-    def from_settings(cls, settings, rank, state, say=print, env=os.environ):
-        return cls(settings.nonfinite_loss, settings.max_nonfinite_steps, rank, state, say,
-                   parse_injection(env.get(INJECT_ENV, "")))
+    def from_settings(cls, settings, rank, state, say=print):
+        return cls(settings.nonfinite_loss, settings.max_nonfinite_steps, rank, state, say)
 
     @property
     def step(self):
@@ -62,8 +56,7 @@ class NonFiniteGuard:
 
     def watch(self, loss):
         """Note whether ``loss`` (one backward pass's) is finite; returns it, to backpropagate."""
-        if self.step in self.inject_steps:
-            loss = loss * float("nan")  # keeps the graph: the gradients turn NaN too
+        loss = testhooks.loss_computed(self.rank, self.step, loss)  # test-only (HVDTRAIN_INJECT_NONFINITE)
         # A tensor, not a bool: no device sync per backward pass.
         self.finite = torch.isfinite(loss.detach()).all() & self.finite
         return loss
@@ -104,20 +97,3 @@ class RunStopped(UsageError):
 
     def __init__(self, message):
         super().__init__(message, on_every_rank=True)
-
-
-def parse_injection(text):
-    """``rank=1,steps=5,6`` -> {1: {5, 6}}; several groups split by ';'."""
-    injected = {}
-    for group in filter(None, (part.strip() for part in text.split(";"))):
-        try:
-            rank_part, steps_part = group.split(",", 1)
-            key, rank = rank_part.split("=")
-            steps_key, steps = steps_part.split("=")
-            if key.strip() != "rank" or steps_key.strip() != "steps":
-                raise ValueError
-            injected.setdefault(int(rank), set()).update(int(step) for step in steps.split(","))
-        except ValueError:
-            raise UsageError(f"{INJECT_ENV}={text!r}: expected e.g. rank=1,steps=5,6", on_every_rank=True) \
-                from None
-    return injected

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import horovod.torch as hvd
 
-from hvdtrain import cli, durations, faults
+from hvdtrain import cli, durations, testhooks
 from hvdtrain.liveness import failures
 from hvdtrain.runtime import dist, elastic, nonfinite, settings as settings_module, stragglers
 from hvdtrain.runtime import checkpoint
@@ -155,7 +155,7 @@ class Run:
         state.step, state.step_in_epoch = state.step + 1, state.step_in_epoch + 1
         self.ctx.watchdog.step(state.step)  # progress, and how long steps take (the stall limit)
         failures.note_step(state.step)  # a one-line failure report says "after step N"
-        faults.at_step(self.ctx.rank, state.step)  # test-only fault injection (HVDTRAIN_FAULT)
+        testhooks.step_done(self.ctx.rank, state.step)  # test-only fault injection (HVDTRAIN_FAULT)
         self.throughput.step(samples)
         self.log.progress(state.step)
         straggler = self.watch_stragglers()
