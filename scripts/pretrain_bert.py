@@ -269,21 +269,27 @@ def train(run, trainer, meter, setup, position=None, shares=None):
         first_compiled = settings.compile and not tokens.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():
             micro_batches = (data.batch(state.step_in_epoch, micro) for micro in range(settings.accumulation_steps))
+            # Horovod: the step's counts allreduce (--global-batch, --balance), the gradient allreduce
+            # (awaited in optim.finish_step), then the ranks' NaN/Inf vote, one allreduce
             sequences = trainer.train_step(micro_batches, meter, run.nonfinite, run.stragglers.timer)
         if position is not None:
             data.step_done(state.step + 1)  # the step's instances join the position
         tokens.step(trainer.last_tokens)
+        # Horovod: every --stop-check-every steps the stop-signal allgather, every
+        # --straggler-interval steps the timings' allgather (Run.step_done)
         reason = run.step_done(sequences)
         if state.step == 1 or state.step % settings.log_every == 0 or state.step == settings.steps:
-            state.last_row = bert.log_row(run, meter, trainer.last_lr)
+            state.last_row = bert.log_row(run, meter, trainer.last_lr)  # Horovod: allreduce of the sums
             if state.step == 1:
                 state.initial_mlm_loss = state.last_row["mlm_loss"]
         if reason:
             return run.stop(reason, bert.results(run, tokens))
         if shares is not None and run.stragglers.latest_at(state.step) and shares.follow(run.stragglers.latest):
             run.log.info(f"--balance: instances per rank now {shares.shares} (step {state.step})")
+        # Horovod: every --checkpoint-every steps a checkpoint (Run.checkpoint lists its
+        # collectives); --elastic: a commit every --elastic-commit-every steps
         run.save_if_due(checkpoint_follows=state.step == settings.steps)  # the schedule's end
-    run.checkpoint()
+    run.checkpoint()  # Horovod: the checkpoint's collectives
     bert.finish(run, tokens, trainer.model, metadata)
 
 

@@ -233,12 +233,18 @@ def train_epoch(run, trainer, train_data, meter, position=None, shares=None):
     for bounds, batch in zip(step_bounds, timer.timed(batches, "data")):
         if position:
             elastic.follow_schedule(trainer.scheduler, state.epoch * len(train_set) + position.samples, peak_lr)
+        # Horovod: the gradient allreduce (started in backward, awaited in optim.finish_step),
+        # then the ranks' NaN/Inf vote, one allreduce (NonFiniteGuard.skip_step)
         samples = trainer.train_step(batch, meter, run.nonfinite, timer)
         if position:
             position.samples = bounds[1]
+        # Horovod: every --stop-check-every steps the stop-signal allgather, every
+        # --straggler-interval steps the timings' allgather (Run.step_done)
         reason = run.step_done(samples)
         if reason:
             return reason
+        # Horovod: every --checkpoint-every steps a checkpoint (Run.checkpoint lists its
+        # collectives); --elastic: a commit every --elastic-commit-every steps
         run.save_if_due(checkpoint_follows=position.samples == len(train_set) if position
                         else state.step_in_epoch == sampler.batches_per_epoch)  # the epoch's end
         if shares is not None and run.stragglers.latest_at(state.step) and shares.follow(run.stragglers.latest):
@@ -250,12 +256,13 @@ def train_epoch(run, trainer, train_data, meter, position=None, shares=None):
 def end_epoch(run, trainer, val_loader, meter, position=None):
     """Evaluate, append the epoch's row, checkpoint (best.pt too when it is the best)."""
     state = run.state
-    total_rate, per_worker = total_throughput(run.throughput.window_rate())
-    batchnorm.average_statistics(trainer.model)  # what is evaluated is what is saved
+    total_rate, per_worker = total_throughput(run.throughput.window_rate())  # Horovod: allreduce of the rates
+    # Horovod: grouped_allreduce of the BatchNorm statistics: what is evaluated is what is saved
+    batchnorm.average_statistics(trainer.model)
     # Horovod: metrics are allreduced sums and counts, exact over every rank's samples
     train_metrics = meter.reduce("train") if position is None else position.epoch_metrics(meter, run.ctx.size)
     with run.ctx.watchdog.phase("evaluating"):  # a long validation set is no hang
-        evaluation = trainer.evaluate(val_loader)
+        evaluation = trainer.evaluate(val_loader)  # Horovod: allreduce of the validation sums
     row = {"epoch": state.epoch + 1, "step": state.step, "lr": trainer.last_lr, **train_metrics,
            **evaluation, "images_per_sec": total_rate,
            "images_per_sec_per_worker": per_worker,
@@ -267,9 +274,9 @@ def end_epoch(run, trainer, val_loader, meter, position=None):
     is_best = row["val_top1"] > state.best_top1
     state.best_top1, state.last_row = max(state.best_top1, row["val_top1"]), row
     run.log.record(row, state.step)  # before the checkpoint: a crash in between repeats the row once
-    run.checkpoint(is_best)
+    run.checkpoint(is_best)  # Horovod: the checkpoint's collectives (Run.checkpoint)
     run.log.info(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
-    run.commit()  # --elastic: an epoch's end is a commit too
+    run.commit()  # Horovod, --elastic: an epoch's end is a commit too (state sync after a reset)
 
 
 def make_loaders(settings, ctx, train_set, val_set, shares=None):

@@ -150,7 +150,12 @@ class Run:
             atexit.register(lock.release)
 
     def step_done(self, samples):
-        """Count a finished step; returns why this launch must stop now, or None. Collective."""
+        """Count a finished step; returns why this launch must stop now, or None.
+
+        Collective on some steps, the same on every rank: every --stop-check-every steps
+        the stop-signal allgather (signals.StopRequest), every --straggler-interval steps
+        the timings' allgather (stragglers.StragglerWatch; the placement allgather once).
+        """
         state = self.state
         state.step, state.step_in_epoch = state.step + 1, state.step_in_epoch + 1
         self.ctx.watchdog.step(state.step)  # progress, and how long steps take (the stall limit)
@@ -208,6 +213,11 @@ class Run:
         return self.stop_request.describe() if self.stop_request.should_stop() else None
 
     def checkpoint(self, is_best=False):
+        """Checkpoint this step. Collective, in this order: ``before_save`` (train_cnn.py
+        --elastic: the train sums' allreduce, ElasticPosition.fold); the per-rank entries
+        gathered to rank 0 (one alltoall, dist.gather_object_to_root); ``shared_view``
+        (train_cnn.py: the BatchNorm statistics' grouped_allreduce); one allreduce once
+        rank 0 has written the file, so every rank waits inside the watchdog's phase."""
         self.before_save()
         self.checkpointer.save(self.state.step, self.settings, is_best, self.extra)
 
