@@ -82,6 +82,25 @@ def test_a_straggler_is_named_after_patience_intervals_and_once_until_it_recover
     assert w._verdict(slow()) is None and w._verdict(slow()) is not None  # slow again: named again
 
 
+def test_a_straggler_on_one_of_two_nodes_named_alike_is_told_by_its_address_and_never_excluded():
+    """Cloned machines or containers may report one host name: the line must say which node
+    (its address), and --straggler-action exclude, which discovery applies by name, must not
+    drop every node of that name."""
+    def straggler_on(*hosts):
+        w = watch(patience=1)
+        w.placement = [{"rank": rank, "host": host, "node": f"boot-{rank}/4026531992", "address": f"10.0.0.{rank}"}
+                       for rank, host in enumerate(hosts)]
+        rows = scores([times(0.010), times(0.010), times(0.030)])
+        w.locate(rows)
+        return w._verdict(rows)
+
+    alike = straggler_on("node-a", "node-b", "node-a")
+    assert alike.line().startswith("rank 2 on node-a (the node at 10.0.0.2, one of 2 named node-a) is the straggler")
+    assert "drop all of them" in alike.exclusion_refused()
+    distinct = straggler_on("node-a", "node-b", "node-c")  # the host alone, and leaving it out is fine
+    assert distinct.line().startswith("rank 2 on node-c is the straggler") and distinct.exclusion_refused() is None
+
+
 class DecidedAfterAWait:
     """A non-finite guard whose collective decision (every rank's flag) waits for a slower peer."""
 

@@ -289,7 +289,7 @@ def start(rank, step=lambda: None):
     for listener in (0, deputy):
         if listener is None:
             continue
-        offer = (_addresses(), listening.getsockname()[1]) if rank == listener else None
+        offer = (node_addresses(), listening.getsockname()[1]) if rank == listener else None
         # Horovod: where this listener is reached, from the listener to every rank.
         addresses, listener_port = hvd.broadcast_object(offer, root_rank=listener,
                                                          name=f"hvdtrain.peers.listener.{listener}")
@@ -306,7 +306,7 @@ def _udp_socket(port):
     return sock
 
 
-def _addresses():
+def node_addresses():
     """This node's IPv4 addresses other nodes may reach it at (not the loopback)."""
     import psutil  # Horovod's own dependency
     found = [entry.address for entries in psutil.net_if_addrs().values() for entry in entries

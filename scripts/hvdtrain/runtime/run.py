@@ -182,9 +182,13 @@ class Run:
             return None
         self.log.info(straggler.line())
         if self.settings.straggler_action == "exclude" and self.ctx.is_main:
-            # Discovery stops listing the host; Horovod re-forms the world without it at the next commit.
-            stragglers.exclude_host(os.environ[stragglers.EXCLUDED_HOSTS_VAR], straggler.host)
-            self.log.info(f"--straggler-action exclude: {straggler.host} leaves the job")
+            refused = straggler.exclusion_refused()
+            if refused:
+                self.log.info(f"--straggler-action exclude: {straggler.host} stays: {refused}")
+            else:
+                # Discovery stops listing the host; Horovod re-forms the world without it at the next commit.
+                stragglers.exclude_host(os.environ[stragglers.EXCLUDED_HOSTS_VAR], straggler.host)
+                self.log.info(f"--straggler-action exclude: {straggler.host} leaves the job")
         if self.settings.straggler_action != "checkpoint-exit":
             return None
         self.straggler_exit = straggler

@@ -27,7 +27,7 @@ import torch
 import horovod.torch as hvd
 
 from hvdtrain.errors import STRAGGLER_EXIT, UsageError
-from hvdtrain.liveness.peers import this_host
+from hvdtrain.liveness import peers
 from hvdtrain.launch.hosts import EXCLUDED_HOSTS_VAR  # noqa: F401 (EXCLUDED_HOSTS_VAR: stragglers.EXCLUDED_HOSTS_VAR)
 
 SECTIONS = ("data", "compute", "comm", "optimizer")
@@ -90,9 +90,25 @@ class Straggler:
     other_score: float
     intervals: int
     speed_fraction: float  # the job's speed now over its speed without this rank
+    named_alike: int = 1  # nodes that report this host name (cloned machines, containers)
+    address: str = ""  # this rank's node's address: what tells it apart when named_alike > 1
+
+    def where(self):
+        """Its host; where several nodes report that name, which of them (by address)."""
+        if self.named_alike > 1:
+            return f"{self.host} (the node at {self.address}, one of {self.named_alike} named {self.host})"
+        return self.host
+
+    def exclusion_refused(self):
+        """Why --straggler-action exclude must not leave this host out, or None: discovery lists
+        hosts by name, so excluding a name shared by several nodes would drop all of them."""
+        if self.named_alike > 1:
+            return (f"{self.named_alike} nodes report the host name {self.host} and discovery lists hosts by "
+                    "name: leaving it out would drop all of them (give the nodes distinct names)")
+        return None
 
     def line(self):
-        return (f"rank {self.rank} on {self.host} is the straggler: {self.section} {self.score:.2f} of the "
+        return (f"rank {self.rank} on {self.where()} is the straggler: {self.section} {self.score:.2f} of the "
                 f"fastest for {self.intervals} intervals ({self.other} {self.other_score:.2f}); the job runs "
                 f"at ~{100 * self.speed_fraction:.0f} % of its speed without it")
 
@@ -149,8 +165,8 @@ def speed_without(table, rank):
 
 def placement(rank):
     """Where this rank runs: what a wrong node layout gets wrong (ranks per node, threads)."""
-    return {"rank": rank, "host": this_host(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
-            "threads": torch.get_num_threads()}
+    return {"rank": rank, "host": peers.this_host(), "node": peers.this_node(), "address": peers.node_addresses()[0],
+            "local_rank": hvd.local_rank(), "local_size": hvd.local_size(), "threads": torch.get_num_threads()}
 
 
 class StragglerWatch:
@@ -187,10 +203,19 @@ class StragglerWatch:
         self.timer.reset()
         table = scores(per_step, self.best_busy)
         self.best_busy = [row["best_busy_s"] for row in table]
-        for row in table:
-            row["host"] = self.placement[row["rank"]]["host"]
+        self.locate(table)
         self.latest = {"step": step, "ranks": table}
         return self._verdict(table)
+
+    def locate(self, table):
+        """Each row's host, from the placement; where several nodes report one name, its address too."""
+        hosts = [place["host"] for place in self.placement]
+        shared = peers.shared_names(hosts, [place.get("node", place["host"]) for place in self.placement])
+        for row in table:
+            place = self.placement[row["rank"]]
+            row["host"] = place["host"]
+            if place["host"] in shared:
+                row["named_alike"], row["address"] = shared[place["host"]], place["address"]
 
     def _gather(self):
         if self.placement is None:
@@ -215,7 +240,8 @@ class StragglerWatch:
         self.named.add(row["rank"])
         section, other = sorted(("data", "compute"), key=lambda s: row["relative"][s])
         return Straggler(row["rank"], row["host"], section, row["relative"][section], other,
-                         row["relative"][other], self.below[row["rank"]], speed_without(table, row["rank"]))
+                         row["relative"][other], self.below[row["rank"]], speed_without(table, row["rank"]),
+                         row.get("named_alike", 1), row.get("address", ""))
 
     def latest_at(self, step):
         """True when the latest interval's table is of ``step`` (it was made after this step)."""
