@@ -167,7 +167,9 @@ class Hosts:
     @contextlib.contextmanager
     def named(self, host, name):
         """Host ``host`` reports the host name ``name`` meanwhile (a cloned VM, a container
-        sharing its host's name): its sshd's UTS namespace, which what ssh starts there shares."""
+        sharing its host's name): its sshd's UTS namespace, which what ssh starts there shares.
+        The started process's pid is sshd's own: ``on`` ends in ``exec`` (ip netns exec, unshare
+        and sh each exec the next), so the pid is in the namespace ``hostname`` changes."""
         sshd = self.sshd[self.names.index(host)]
         sh(["nsenter", "--target", sshd.pid, "--uts", "hostname", name])
         try:

@@ -60,6 +60,7 @@ class Peers:
         self.rank = rank
         self.hosts = hosts  # rank -> host name, the same list on every rank
         self.nodes = hosts if nodes is None else nodes  # rank -> node (this_node), the same on every rank
+        self.named_alike = shared_names(self.hosts, self.nodes)  # host name -> nodes, where more than one
         self.deputy = deputy_of(self.nodes)
         self.listeners = listeners  # {0 or the deputy: [(ip, port)]}, those this rank beats to
         self.beating = beating  # this rank's socket for its beats and the answers
@@ -139,7 +140,7 @@ class Peers:
     def _node_name(self, node, rank):
         """The node's host name; where other nodes have that name too, which one it is."""
         host = self.hosts[rank]
-        namesakes = shared_names(self.hosts, self.nodes).get(host)
+        namesakes = self.named_alike.get(host)
         if not namesakes:
             return host
         address = self.senders.get(rank, ("",))[0]
