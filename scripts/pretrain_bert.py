@@ -284,8 +284,7 @@ def train(run, trainer, meter, setup, position=None, shares=None):
                 state.initial_mlm_loss = state.last_row["mlm_loss"]
         if reason:
             return run.stop(reason, bert.results(run, tokens))
-        if shares is not None and run.stragglers.latest_at(state.step) and shares.follow(run.stragglers.latest):
-            run.log.info(f"--balance: instances per rank now {shares.shares} (step {state.step})")
+        run.rebalance(shares, "instances")  # --balance: the data reads the changed shares in place
         # Horovod: every --checkpoint-every steps a checkpoint (Run.checkpoint lists its
         # collectives); --elastic: a commit every --elastic-commit-every steps
         run.save_if_due(checkpoint_follows=state.step == settings.steps)  # the schedule's end

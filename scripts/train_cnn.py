@@ -232,7 +232,7 @@ def train_epoch(run, trainer, train_data, meter, position=None, shares=None):
     timer = run.stragglers.timer  # this rank's time in data, compute, comm, optimizer
     for bounds, batch in zip(step_bounds, timer.timed(batches, "data")):
         if position:
-            elastic.follow_schedule(trainer.scheduler, state.epoch * len(train_set) + position.samples, peak_lr)
+            elastic.set_schedule_at(trainer.scheduler, state.epoch * len(train_set) + position.samples, peak_lr)
         # Horovod: the gradient allreduce (started in backward, awaited in optim.finish_step),
         # then the ranks' NaN/Inf vote, one allreduce (NonFiniteGuard.skip_step)
         samples = trainer.train_step(batch, meter, run.nonfinite, timer)
@@ -247,8 +247,7 @@ def train_epoch(run, trainer, train_data, meter, position=None, shares=None):
         # collectives); --elastic: a commit every --elastic-commit-every steps
         run.save_if_due(checkpoint_follows=position.samples == len(train_set) if position
                         else state.step_in_epoch == sampler.batches_per_epoch)  # the epoch's end
-        if shares is not None and run.stragglers.latest_at(state.step) and shares.follow(run.stragglers.latest):
-            run.log.info(f"--balance: samples per rank now {shares.shares} (step {state.step})")
+        if run.rebalance(shares, "samples"):  # --balance: new shares, so a new sampler
             return None
     return None
 

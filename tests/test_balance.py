@@ -40,8 +40,8 @@ def test_split_is_proportional_whole_and_keeps_a_minimum():
 
 def test_shares_follow_the_time_per_sample_and_ignore_small_gains():
     shares = Shares(size=2, step_batch=16, minimum=1)
-    assert not shares.follow(interval(0.0100, 0.0101))  # within the noise: no change
-    assert shares.follow(interval(0.010, 0.030))  # rank 1 takes 3x as long per sample
+    assert not shares.rebalance(interval(0.0100, 0.0101))  # within the noise: no change
+    assert shares.rebalance(interval(0.010, 0.030))  # rank 1 takes 3x as long per sample
     assert shares.shares == [24, 8]
     restored = Shares(size=2, step_batch=16, minimum=1)
     restored.load_state_dict(shares.state_dict())

@@ -23,7 +23,7 @@ def a_run():
     """The parts of a Run that Commits uses: its components, context and world-following."""
     ctx = SimpleNamespace(print0=print, watchdog=Watchdog(0, watch=False))
     checkpointer = SimpleNamespace(shared={"train_state": TrainState()}, per_rank={})
-    return SimpleNamespace(ctx=ctx, checkpointer=checkpointer, follow_world=lambda started: None)
+    return SimpleNamespace(ctx=ctx, checkpointer=checkpointer, adopt_new_world=lambda started: None)
 
 
 def next_commit_check(commits):

@@ -59,7 +59,7 @@ class Commits(State):
 
     ``save``: copies of every component's state_dict (commit); ``restore``: load
     them back (a worker was lost mid-step); ``sync``: rank 0's shared components
-    to every rank, then the run follows the new world (``Run.follow_world``).
+    to every rank, then the run follows the new world (``Run.adopt_new_world``).
     ``Run.launch`` makes one; ``Run.save_if_due`` commits.
     """
 
@@ -116,7 +116,7 @@ class Commits(State):
                     part.load_state_dict(received[name])
             self.started = received["started"]
         self._reset_phase.close()
-        self.run.follow_world(self.started)
+        self.run.adopt_new_world(self.started)
         self.save()
 
     def reset(self):
@@ -128,7 +128,7 @@ class Commits(State):
         believing in the old size and trained only part of each epoch).
         """
         self._reset_phase.close()
-        self.run.follow_world(self.started)
+        self.run.adopt_new_world(self.started)
 
     def on_reset(self):
         """Horovod's on_reset, keeping the host updates that arrived while the new world formed.
@@ -178,7 +178,7 @@ class Commits(State):
         return elastic_train(self)
 
 
-def follow_schedule(scheduler, progress, peak_lr):
+def set_schedule_at(scheduler, progress, peak_lr):
     """--elastic: set the LR for ``progress`` (in the scheduler's units) and this world's ``peak_lr``.
 
     The LambdaLR is built in samples, not steps: a step's length in samples

@@ -68,6 +68,11 @@ def topk_correct(logits, targets, ks=(1, 5)):
     return [int(hits[:, :min(k, max_k)].any(dim=1).sum().item()) for k in ks]
 
 
+# A launch's first steps pay for allocation, autotuning and Horovod's tensor negotiation:
+# left out of the rates here and of the straggler intervals (runtime/stragglers.py).
+WARMUP_STEPS = 5
+
+
 class Throughput:
     """Samples per second, per window (an epoch, a log interval) and for the launch.
 
@@ -78,7 +83,7 @@ class Throughput:
     (or the window's start), so data loading counts.
     """
 
-    def __init__(self, warmup_steps=5):
+    def __init__(self, warmup_steps=WARMUP_STEPS):
         self.warmup_steps = warmup_steps
         self.steps = 0
         self.launch = [0, 0.0]  # samples, seconds after the warm-up

@@ -94,7 +94,7 @@ class Run:
         self.commits = elastic.Commits(self, self.settings.elastic_commit_every, before_commit=self.before_save)
         return self.commits.run_elastic(train)
 
-    def follow_world(self, started):
+    def adopt_new_world(self, started):
         """--elastic, after a reset: this worker's rank and size in the new world; the log follows rank 0.
 
         ``started``: the run has restored its checkpoint (a log is open somewhere).
@@ -102,7 +102,7 @@ class Run:
         ctx = self.ctx
         ctx.rank, ctx.size, ctx.local_rank, ctx.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
         ctx.watchdog.rank = ctx.rank
-        self.stragglers.follow(ctx.rank, ctx.size)
+        self.stragglers.new_world(ctx.rank, ctx.size)
         if not started:
             return
         if self.log is None or self.log.enabled != ctx.is_main:
@@ -193,6 +193,16 @@ class Run:
             return None
         self.straggler_exit = straggler
         return straggler
+
+    def rebalance(self, shares, unit):
+        """--balance, after a straggler interval: new shares from its timings (``shares``, or None
+        without --balance); True, and said in the log, when they changed."""
+        if shares is None or not self.stragglers.latest_at(self.state.step):
+            return False
+        if not shares.rebalance(self.stragglers.latest):
+            return False
+        self.log.info(f"--balance: {unit} per rank now {shares.shares} (step {self.state.step})")
+        return True
 
     def save_if_due(self, checkpoint_follows=False):
         """After a step: the --elastic commit, then the checkpoint every --checkpoint-every steps.

@@ -28,12 +28,12 @@ import horovod.torch as hvd
 
 from hvdtrain.errors import STRAGGLER_EXIT, UsageError
 from hvdtrain.liveness import peers
+from hvdtrain.runtime.metrics import WARMUP_STEPS
 from hvdtrain.launch.hosts import EXCLUDED_HOSTS_VAR  # noqa: F401 (EXCLUDED_HOSTS_VAR: stragglers.EXCLUDED_HOSTS_VAR)
 
 SECTIONS = ("data", "compute", "comm", "optimizer")
 BUSY = ("data", "compute", "optimizer")  # the rank's own work; comm is mostly waiting for others
 NOISE_FRACTION = 0.05  # of the median step time, added to both sides of every score
-WARMUP_STEPS = 5  # a launch's first steps pay for allocation and Horovod's negotiation
 STRAGGLER_FILE_VAR = "HVDTRAIN_STRAGGLER_FILE"  # rank 0 writes the straggler's host there (slurm/common.sh)
 
 
@@ -178,9 +178,9 @@ class StragglerWatch:
         self.patience = settings.straggler_patience
         self.action = settings.straggler_action
         self.timer = SectionTimer()
-        self.follow(rank, size)
+        self.new_world(rank, size)
 
-    def follow(self, rank, size):
+    def new_world(self, rank, size):
         """A new world (a start, an --elastic reset): hosts, bests and streaks start over."""
         self.rank, self.size = rank, size
         self.placement = None  # every rank's host, local rank and size, threads: gathered once per world

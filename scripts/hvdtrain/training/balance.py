@@ -31,7 +31,7 @@ class Shares:
             self.shares[:] = state["shares"]  # in place: the sampler holds this list
             self.changes = state["changes"]
 
-    def follow(self, interval):
+    def rebalance(self, interval):
         """New shares from an interval's per-rank table (stragglers.scores); True when they changed."""
         seconds = [row["compute_s"] + row["data_s"] for row in interval["ranks"]]
         per_sample = [max(s, 1e-9) / share for s, share in zip(seconds, self.shares)]
