@@ -240,6 +240,17 @@ def test_cuda_device_is_0_when_each_rank_sees_only_its_own_gpu():
     assert [dist.cuda_device_index(r, 4, 1) for r in range(4)] == [0, 0, 0, 0]
 
 
+def test_ranks_that_each_see_one_gpu_the_same_one_are_refused_in_one_line():
+    """Found by the GPU check (2 ranks, 1 H200): each rank saw one GPU, took device 0, and the job
+    died in NCCL's first collective as "another rank died, froze or left the job"."""
+    own = [("node-a", "boot-1/1", "GPU-aaaa"), ("node-a", "boot-1/1", "GPU-bbbb"), ("node-b", "boot-2/1", "GPU-aaaa")]
+    assert dist.shared_gpus(own) is None  # its own GPU each (the same UUID on two nodes is no clash)
+    assert dist.shared_gpus([("node-a", "boot-1/1", None)] * 2) is None  # CPU ranks
+    same = [("node-a", "boot-1/1", "GPU-aaaa"), ("node-a", "boot-1/1", "GPU-aaaa")]
+    message = dist.shared_gpus(same)
+    assert message.startswith("node-a: ranks 0-1 would share one GPU, which NCCL refuses") and "\n" not in message
+
+
 def test_fewer_gpus_than_ranks_on_a_node_is_a_one_line_usage_error():
     with pytest.raises(UsageError) as error:
         dist.cuda_device_index(3, 4, 2)

@@ -126,7 +126,7 @@ fi
 # step makes): LAMB's multi-tensor ops, BERT-large's 398 tensors, no forward or backward pass.
 step optimizer-step measure.log timeout "${MEASURE_TIMEOUT:-300}" $PYTHON tools/measure_optimizer_step.py \
     "${OPTIMIZER[@]}" --output "$LOGS/optimizer-step.json" && grep -A3 "^bert-" "$LOGS/measure.log" | tail -4 | tee -a "$LOGS/summary.txt"
-# Two ranks on one GPU: NCCL refuses two ranks on one device; said here, not hidden.
+# Two ranks on one GPU: dist.init refuses them with one line (exit 2) before NCCL would; said here.
 measure two-ranks-one-gpu 2 "${SHARED[@]}" || say "two ranks on one GPU: $(grep -m1 -iE 'error|duplicate' "$LOGS/measure.log" | cut -c1-200)"
 $PYTHON - "$WORK" "$LOGS/figures.json" "$DRY_RUN" <<'PY' | tee -a "$LOGS/summary.txt"
 import json, sys

@@ -104,7 +104,7 @@ class Costs:
         write(f"{total:.0f} CPU-s in {len(self.costs)} tests and what they started "
               f"({', '.join(sorted(self.kinds))}); the {SHOWN} costliest:")
         for nodeid, seconds in sorted(self.costs.items(), key=lambda cost: -cost[1])[:SHOWN]:
-            write(f"{seconds:8.1f} s  {100 * seconds / total:4.1f} %  {nodeid}")
+            write(f"{seconds:8.1f} s  {100 * seconds / (total or 1):4.1f} %  {nodeid}")  # total 0: pure-Python tests
         # A group's tests run one after another on one worker: the longest is the run's shortest possible time.
         self.groups = self.groups or recorded_groups()  # an xdist controller collects nothing itself
         groups = {}

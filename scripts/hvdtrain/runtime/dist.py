@@ -98,6 +98,13 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
         index = _cuda_device_for_this_rank(use_cuda)
     else:
         index = agree_on_errors(_cuda_device_for_this_rank, use_cuda)
+        if hvd.size() > 1:
+            # Horovod: which physical GPU each rank holds (none on a CPU): ranks that each see one GPU,
+            # the same one, would fail in NCCL's first collective, blaming a lost peer.
+            problem = shared_gpus(hvd.allgather_object((peers.this_host(), peers.this_node(), _gpu_id(index)),
+                                                       name="hvdtrain.dist.gpus"))
+            if problem:
+                raise UsageError(problem, on_every_rank=True)
     if index is not None:
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)
@@ -125,7 +132,8 @@ def cuda_device_index(local_rank, local_size, visible_count):
     local rank's), or each rank sees only its own (Slurm --gpus-per-task=1, a
     per-rank CUDA_VISIBLE_DEVICES: device 0). Fewer GPUs than ranks is refused
     rather than shared round robin: NCCL rejects two ranks of one job on one GPU
-    ("Duplicate GPU detected") much later, with a far less clear error.
+    ("Duplicate GPU detected") much later, with a far less clear error. One visible
+    GPU per rank may still be the same one for all: ``shared_gpus`` tells by UUID.
     """
     if visible_count == 1:
         return 0
@@ -134,6 +142,34 @@ def cuda_device_index(local_rank, local_size, visible_count):
     raise UsageError(f"{socket.gethostname()}: {local_size} ranks share {visible_count} visible GPUs: "
                      f"start one rank per GPU (e.g. --ntasks-per-node={visible_count}), or give each "
                      f"rank its own GPU (--gpus-per-task=1)")
+
+
+def shared_gpus(holders):
+    """One line naming the ranks that would share one physical GPU, or None.
+
+    ``holders``: per rank, in rank order, (host, node, GPU id or None). One visible GPU per
+    rank is right when each sees its own (Slurm --gpus-per-task=1: each calls it device 0),
+    wrong when all of a node's ranks see the same one: only the GPU's id tells them apart.
+    """
+    ranks_on = {}
+    for rank, (_, node, gpu) in enumerate(holders):
+        if gpu is not None:
+            ranks_on.setdefault((node, gpu), []).append(rank)
+    shared = [ranks for ranks in ranks_on.values() if len(ranks) > 1]
+    if not shared:
+        return None
+    host = holders[shared[0][0]][0]
+    more = f" (and {len(shared) - 1} more GPUs so shared)" if len(shared) > 1 else ""
+    return (f"{host}: {peers.rank_list(shared[0])} would share one GPU{more}, which NCCL refuses: start one "
+            "rank per GPU, or give each rank its own (--gpus-per-task=1, a per-rank CUDA_VISIBLE_DEVICES)")
+
+
+def _gpu_id(index):
+    """The GPU's UUID (the same whatever index a rank knows it by), or None on a CPU."""
+    if index is None:
+        return None
+    properties = torch.cuda.get_device_properties(index)
+    return str(getattr(properties, "uuid", None) or getattr(properties, "pci_bus_id", index))
 
 
 def _cuda_device_for_this_rank(use_cuda):
