@@ -13,7 +13,11 @@ their own, so that only they wait for the Slurm cluster's worker.
 """
 import json
 import math
+import os
 import re
+import shutil
+import signal
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -167,6 +171,28 @@ def test_the_limit_adapts_to_the_slowest_recent_step_with_a_floor():
     with watchdog.phase("writing a checkpoint"):
         assert watchdog.limit()[0] == 1800
     assert Watchdog(rank=0, fixed=7, floor=60, watch=False).limit() == (7, "HVDTRAIN_WATCHDOG_SECONDS=7")
+
+
+def test_a_stuck_srun_of_the_job_on_this_node_is_ended_and_no_other(tmp_path, monkeypatch):
+    """Under Slurm the ranks are not srun's children, so the teardown that ends a stuck
+    mpirun found none: once (CI, under load) srun --kill-on-bad-exit waited 7 minutes for
+    a cut-off node's tasks after rank 0 had named them and exited. The job's srun on the
+    rank's node is ended after the grace; another job's never."""
+    from hvdtrain.liveness import teardown
+    srun = tmp_path / "srun"  # a process whose name is srun
+    shutil.copy(shutil.which("sleep"), srun)
+    job = f"hvdtest-{os.getpid()}"
+    stuck = subprocess.Popen([srun, "60"], env={**os.environ, "SLURM_JOB_ID": job})
+    other = subprocess.Popen([srun, "60"], env={**os.environ, "SLURM_JOB_ID": f"{job}-other"})
+    try:
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        teardown.end_a_stuck_launcher(grace=0.2)  # a detached process ends it after the grace
+        assert stuck.wait(timeout=20) == -signal.SIGKILL
+        assert other.poll() is None
+    finally:
+        for process in (stuck, other):
+            process.kill()
+            process.wait()
 
 
 def test_fault_spec_errors_are_one_line(monkeypatch):

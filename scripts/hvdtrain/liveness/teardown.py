@@ -10,6 +10,12 @@ process that kills the launcher if it is still there
 LAUNCHER_GRACE_SECONDS later. A launcher that ends the job in time is never
 touched; only an mpirun on this rank's own node (one of its ancestors) is
 considered (under ``horovodrun --mpi`` horovodrun then ends too).
+
+Under Slurm the ranks are not srun's children (slurmstepd starts them), but the
+batch step's srun runs on the job's first node, rank 0's: the same holds for the
+job's srun found there. srun --kill-on-bad-exit usually gives up on a cut-off
+node's tasks within seconds, but was seen (once, under load) waiting until Slurm
+declared the node down, 7 minutes later (SlurmdTimeout, 300 s by default).
 """
 import os
 import signal
@@ -20,8 +26,9 @@ LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun")
 
 
 def end_a_stuck_launcher(grace=LAUNCHER_GRACE_SECONDS):
-    """Kill this rank's mpirun (on this node) if it outlives this rank by ``grace`` seconds."""
-    launcher = _launcher_ancestor()
+    """Kill this rank's mpirun, or its job's srun (on this node), if it outlives this rank by
+    ``grace`` seconds."""
+    launcher = _launcher_ancestor() or _job_srun()
     if launcher is None:
         return
     if os.fork() != 0:
@@ -56,6 +63,26 @@ def _launcher_ancestor():
             return identity
         pid = _parent(pid)
     return None
+
+
+def _job_srun(job=None):
+    """(pid, start time) of an srun of this Slurm job on this node, or None."""
+    job = job or os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _name(int(entry)) == "srun" and _environment(int(entry)).get("SLURM_JOB_ID") == job:
+            return _process_identity(int(entry))
+    return None
+
+
+def _environment(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            pairs = environ.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(pair.decode(errors="replace").partition("=")[::2] for pair in pairs if pair)
 
 
 def _process_identity(pid):
