@@ -156,16 +156,15 @@ def main():
 
     meter = SumMeter("train_loss", "train_top1")
     components = trainer.components()
-    position = elastic.ElasticPosition() if settings.elastic else None
+    position = elastic.ElasticPosition(meter) if settings.elastic else None  # folds meter's sums at every save
     if position is not None:
         components["elastic_position"] = position
     shares = balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps) if settings.balance else None
     if shares is not None:
         components["balance"] = shares
+    # The ranks' BatchNorm statistics: their average saved in the model, each rank's own beside it.
     run = Run(ctx, settings, cnn.CnnState(), components, meter, settings.epochs * steps_per_epoch, stop_request,
-              per_rank={"batchnorm": batchnorm.OwnStatistics(trainer.model)},
-              shared_view=lambda: batchnorm.averaged(trainer.model),
-              before_save=(lambda: position.fold(meter)) if position else None)
+              per_rank={"batchnorm": batchnorm.RankStatistics(trainer.model)})
     # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
     # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
     run.launch(lambda: train(run, trainer, (train_set, val_set), meter, position, shares))
@@ -259,7 +258,7 @@ def end_epoch(run, trainer, val_loader, meter, position=None):
     # Horovod: grouped_allreduce of the BatchNorm statistics: what is evaluated is what is saved
     batchnorm.average_statistics(trainer.model)
     # Horovod: metrics are allreduced sums and counts, exact over every rank's samples
-    train_metrics = meter.reduce("train") if position is None else position.epoch_metrics(meter, run.ctx.size)
+    train_metrics = meter.reduce("train") if position is None else position.epoch_metrics(run.ctx.size)
     with run.ctx.watchdog.phase("evaluating"):  # a long validation set is no hang
         evaluation = trainer.evaluate(val_loader)  # Horovod: allreduce of the validation sums
     row = {"epoch": state.epoch + 1, "step": state.step, "lr": trainer.last_lr, **train_metrics,

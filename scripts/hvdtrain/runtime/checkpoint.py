@@ -207,25 +207,49 @@ class RngState:
         dist.set_rng_state(state)
 
 
+@contextlib.contextmanager
+def around_save(parts):
+    """The components' ``before_save()`` hooks (collective: every rank, in the same order), then,
+    once the block has read their state, their ``after_save()``. A component uses them to show
+    what must be saved: elastic.ElasticPosition folds the ranks' sums in, batchnorm.RankStatistics
+    puts the ranks' average statistics in the model while this rank's own are saved per rank."""
+    for part in parts:
+        getattr(part, "before_save", lambda: None)()
+    try:
+        yield
+    finally:
+        for part in parts:
+            getattr(part, "after_save", lambda: None)()
+
+
 class Checkpointer:
     """Saves and restores the run's components; every method is collective."""
 
-    def __init__(self, ctx, directory, shared, per_rank, keep, shared_view=None):
+    def __init__(self, ctx, directory, shared, per_rank, keep):
         self.ctx = ctx
         self.directory = Path(directory)
         self.shared = shared  # name -> component, identical on every rank
         self.per_rank = per_rank  # name -> component, one entry per rank
         self.keep = keep
-        # Collective context in which the shared components show what is saved
-        # (e.g. batchnorm.averaged: the ranks' average statistics).
-        self.shared_view = shared_view or contextlib.nullcontext
+
+    def parts(self):
+        """Every component, shared then per rank: the same order on every rank."""
+        return [*self.shared.values(), *self.per_rank.values()]
 
     def save(self, step, settings, is_best=False, extra=None):
-        """Write checkpoint ``step`` (rank 0); every rank waits until it is on disk."""
+        """Write checkpoint ``step`` (rank 0); every rank waits until it is on disk.
+
+        Collective, in this order: the components' ``before_save`` hooks (around_save), the
+        per-rank entries gathered to rank 0 (one alltoall), one allreduce once the file is written.
+        """
+        with around_save(self.parts()):
+            self._save(step, settings, is_best, extra)
+
+    def _save(self, step, settings, is_best, extra):
         with durations.timed("gathering the ranks' checkpoint entries"):
             ranks = dist.gather_object_to_root({name: part.state_dict() for name, part in self.per_rank.items()},
                                                name="checkpoint.ranks")  # every rank's entry, on rank 0
-        with self.ctx.watchdog.phase("writing a checkpoint"), self.shared_view():
+        with self.ctx.watchdog.phase("writing a checkpoint"):
             if self.ctx.is_main:
                 state = {"format": FORMAT, **{name: part.state_dict() for name, part in self.shared.items()},
                          "ranks": ranks, "settings": dict(settings), **(extra or {})}

@@ -21,14 +21,14 @@ import contextlib
 import copy
 import os
 import queue
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import horovod.torch as hvd
 from horovod.common.elastic import State
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
 from hvdtrain.runtime import dist
-from hvdtrain.runtime.checkpoint import broadcast_state
+from hvdtrain.runtime.checkpoint import around_save, broadcast_state
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime.metrics import averages
 
@@ -63,10 +63,9 @@ class Commits(State):
     ``Run.launch`` makes one; ``Run.save_if_due`` commits.
     """
 
-    def __init__(self, run, commit_every, before_commit=None):
+    def __init__(self, run, commit_every):
         self.run = run
         self.commit_every = commit_every
-        self.before_commit = before_commit or (lambda: None)  # e.g. fold metrics into the state
         self.started = False  # run.start() (the checkpoint on disk) is done, once per job
         self.saved = None
         self._reset_phase = contextlib.ExitStack()
@@ -156,9 +155,11 @@ class Commits(State):
         return step % self.commit_every == 0
 
     def commit(self):
-        """Fold what must be shared, copy the state; HostsUpdatedInterrupt when hosts changed."""
-        self.before_commit()
-        super().commit()
+        """Copy the state, as a checkpoint reads it (the components' save hooks, collective: sums
+        folded in, BatchNorm averages); HostsUpdatedInterrupt when hosts changed."""
+        with around_save(self.run.checkpointer.parts()):
+            self.save()
+        self.check_host_updates()
 
     def run_elastic(self, train):
         """``train()`` under hvd.elastic.run; the checkpoint on disk is restored once, by the first world.
@@ -200,24 +201,29 @@ class ElasticPosition:
     commit, so a lost worker takes none of the committed steps' counts with
     it: the epoch's row covers every sample once (``train_samples``).
     """
+    meter: object = field(default=None, repr=False, compare=False)  # the ranks' SumMeter (not saved)
     samples: int = 0  # of the epoch's order, trained and committed
     totals: dict = field(default_factory=dict)  # name -> [sum, count] over every rank
 
     def state_dict(self):
-        return asdict(self)
+        return {"samples": self.samples, "totals": self.totals}
 
     def load_state_dict(self, state):
         self.samples, self.totals = state["samples"], {k: list(v) for k, v in state["totals"].items()}
 
-    def fold(self, meter):
+    def before_save(self):
+        """At every checkpoint and commit (checkpoint.around_save): the sums in; collective."""
+        self.fold()
+
+    def fold(self):
         """Add every rank's partial sums to the totals; collective."""
-        for name, (total, count) in meter.reduce_totals("train").items():
+        for name, (total, count) in self.meter.reduce_totals("train").items():
             kept = self.totals.setdefault(name, [0.0, 0.0])
             kept[0], kept[1] = kept[0] + total, kept[1] + count
-        meter.reset()
+        self.meter.reset()
 
-    def epoch_metrics(self, meter, world_size):
-        self.fold(meter)
+    def epoch_metrics(self, world_size):
+        self.fold()
         return {**averages(self.totals), "train_samples": int(self.totals["train_top1"][1]),
                 "world_size": world_size}
 

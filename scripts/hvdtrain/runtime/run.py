@@ -60,7 +60,7 @@ class Run:
     """Checkpoints, stop requests, log and throughput around a trainer's own loop."""
 
     def __init__(self, ctx, settings, state, components, meter, total_steps, stop_request, extra=None,
-                 per_rank=None, shared_view=None, before_save=None):
+                 per_rank=None):
         self.ctx = ctx
         self.settings = settings
         self.state = state
@@ -70,12 +70,10 @@ class Run:
         self.extra = extra or {}  # plain values saved beside the components
         self.checkpointer = Checkpointer(
             ctx, settings.output_dir, shared={**components, "train_state": state},
-            per_rank={"rng": RngState(), "meter": meter, **(per_rank or {})}, keep=settings.keep_checkpoints,
-            shared_view=shared_view)
+            per_rank={"rng": RngState(), "meter": meter, **(per_rank or {})}, keep=settings.keep_checkpoints)
         self.throughput = Throughput()
         self.log = None
         self.resumed = False
-        self.before_save = before_save or (lambda: None)  # e.g. fold per-rank sums into shared totals
         self.commits = None  # --elastic: the in-memory commits (runtime/elastic.py), from launch()
         # The trainers pass it to optim.finish_step; it reports through the log, open after start().
         self.nonfinite = nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state,
@@ -91,7 +89,7 @@ class Run:
             self.start()
             return train()
         # Horovod: hvd.elastic.run restores the last commit, re-forms the world and calls train() again.
-        self.commits = elastic.Commits(self, self.settings.elastic_commit_every, before_commit=self.before_save)
+        self.commits = elastic.Commits(self, self.settings.elastic_commit_every)
         return self.commits.run_elastic(train)
 
     def adopt_new_world(self, started):
@@ -227,12 +225,11 @@ class Run:
         return self.stop_request.describe() if self.stop_request.should_stop() else None
 
     def checkpoint(self, is_best=False):
-        """Checkpoint this step. Collective, in this order: ``before_save`` (train_cnn.py
-        --elastic: the train sums' allreduce, ElasticPosition.fold); the per-rank entries
-        gathered to rank 0 (one alltoall, dist.gather_object_to_root); ``shared_view``
-        (train_cnn.py: the BatchNorm statistics' grouped_allreduce); one allreduce once
-        rank 0 has written the file, so every rank waits inside the watchdog's phase."""
-        self.before_save()
+        """Checkpoint this step. Collective, in this order: the components' ``before_save`` hooks
+        (train_cnn.py --elastic: the train sums' allreduce, ElasticPosition; train_cnn.py: the
+        BatchNorm statistics' grouped_allreduce, batchnorm.RankStatistics); the per-rank entries
+        gathered to rank 0 (one alltoall, dist.gather_object_to_root); one allreduce once rank 0
+        has written the file, so every rank waits inside the watchdog's phase."""
         self.checkpointer.save(self.state.step, self.settings, is_best, self.extra)
 
     def stop(self, reason, results, checkpoint=True):

@@ -5,8 +5,6 @@ saved and evaluated model uses their average (rank 0's alone would make the
 reported accuracy not the saved model's), while each rank keeps its own between
 epochs, so that a resumed run continues exactly like an uninterrupted one.
 """
-import contextlib
-
 import torch
 import horovod.torch as hvd
 
@@ -27,26 +25,31 @@ def average_statistics(model):
             tensor.copy_(value)
 
 
-@contextlib.contextmanager
-def averaged(model):
-    """Inside: the ranks' average statistics (what a checkpoint saves); after: this rank's own."""
-    own = [tensor.clone() for _, tensor in _statistics(model)]
-    average_statistics(model)
-    try:
-        yield
-    finally:
-        for (_, tensor), value in zip(_statistics(model), own):
-            tensor.copy_(value)
+class RankStatistics:
+    """This rank's own running statistics: a per-rank checkpoint component.
 
-
-class OwnStatistics:
-    """This rank's own running statistics: a per-rank checkpoint component."""
+    Around a save (checkpoint.around_save; collective) the model holds the ranks'
+    average, which is what the checkpoint saves as the model, and this component
+    this rank's own; after it, the model has this rank's own again.
+    """
 
     def __init__(self, model):
         self.model = model
+        self.own = None  # this rank's statistics while the model holds the average
+
+    def before_save(self):
+        self.own = [tensor.clone() for _, tensor in _statistics(self.model)]
+        average_statistics(self.model)
+
+    def after_save(self):
+        for (_, tensor), value in zip(_statistics(self.model), self.own):
+            tensor.copy_(value)
+        self.own = None
 
     def state_dict(self):
-        return {name: tensor.clone() for name, tensor in _statistics(self.model)}
+        names = [name for name, _ in _statistics(self.model)]
+        own = self.own if self.own is not None else [tensor for _, tensor in _statistics(self.model)]
+        return {name: tensor.clone() for name, tensor in zip(names, own)}
 
     def load_state_dict(self, state):
         for name, tensor in _statistics(self.model):
