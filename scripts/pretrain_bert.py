@@ -219,7 +219,7 @@ def main(argv=None):
         agree(load_init_weights, args, model, init)
 
     meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
-    components = trainer.components()
+    state, components = bert.BertState(), trainer.components()
     # --elastic and --balance: the epoch's global position (--balance: and the ranks' shares of each step)
     position = bert_elastic.BinPosition() if settings.elastic or settings.balance else None
     if position is not None:
@@ -227,8 +227,14 @@ def main(argv=None):
     shares = balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps) if settings.balance else None
     if shares is not None:
         components["balance"] = shares
-    run = Run(ctx, settings, bert.BertState(), components, meter, settings.steps, stop_request,
-              extra={"bert_config": model.config.to_dict(), "vocab_sha256": metadata["vocab_sha256"]})
+    # What a checkpoint holds: the same on every rank, each rank's own (its RNG, its metric sums),
+    # and what --init-checkpoint and the export read (the model's configuration, the vocabulary's hash).
+    checkpointer = checkpoint.Checkpointer(ctx, settings.output_dir, keep=settings.keep_checkpoints,
+                                           shared={**components, "train_state": state},
+                                           per_rank={"rng": checkpoint.RngState(), "meter": meter},
+                                           extra={"bert_config": model.config.to_dict(),
+                                                  "vocab_sha256": metadata["vocab_sha256"]})
+    run = Run(ctx, settings, state, checkpointer, settings.steps, stop_request)
     # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
     # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
     run.launch(lambda: train(run, trainer, meter, (metadata, config, init), position, shares))
@@ -282,13 +288,13 @@ def train(run, trainer, meter, setup, position=None, shares=None):
             state.last_row = bert.log_row(run, meter, trainer.last_lr)  # Horovod: allreduce of the sums
             if state.step == 1:
                 state.initial_mlm_loss = state.last_row["mlm_loss"]
+        run.rebalance(shares, "instances")  # --balance: the data reads the changed shares in place
+        # Horovod: when one is due, the checkpoint's collectives and --elastic's commit
+        # (CheckpointManager.after_step lists them): every --checkpoint-every and
+        # --elastic-commit-every steps, at the schedule's end, before a stop
+        run.checkpoints.after_step(last=state.step == settings.steps, stopping=reason is not None)
         if reason:
             return run.stop(reason, bert.results(run, tokens))
-        run.rebalance(shares, "instances")  # --balance: the data reads the changed shares in place
-        # Horovod: every --checkpoint-every steps a checkpoint (Run.checkpoint lists its
-        # collectives); --elastic: a commit every --elastic-commit-every steps
-        run.save_if_due(checkpoint_follows=state.step == settings.steps)  # the schedule's end
-    run.checkpoint()  # Horovod: the checkpoint's collectives
     bert.finish(run, tokens, trainer.model, metadata)
 
 

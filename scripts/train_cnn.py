@@ -80,13 +80,12 @@ import torch
 import horovod.torch as hvd
 
 from hvdtrain.data import images
-from hvdtrain.data.sampling import (BalancedSampler, ElasticBatchSampler, ShardedSampler,
-                                    UnpaddedShardSampler)
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime import consistency, dist, elastic, horovod_profile, precision, signals
+from hvdtrain.runtime.checkpoint import Checkpointer, RngState
 from hvdtrain.runtime.metrics import SumMeter, rate_text, total_throughput
 from hvdtrain.runtime.run import Run
-from hvdtrain.training import balance, batchnorm, cnn, loaders
+from hvdtrain.training import balance, batchnorm, cnn
 from hvdtrain.training.cnn import CnnSettings
 
 
@@ -155,16 +154,20 @@ def main():
                           sum_over=ctx.size * settings.step_batch if settings.balance else settings.global_batch)
 
     meter = SumMeter("train_loss", "train_top1")
-    components = trainer.components()
+    state, components = cnn.CnnState(), trainer.components()
     position = elastic.ElasticPosition(meter) if settings.elastic else None  # folds meter's sums at every save
     if position is not None:
         components["elastic_position"] = position
     shares = balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps) if settings.balance else None
     if shares is not None:
         components["balance"] = shares
-    # The ranks' BatchNorm statistics: their average saved in the model, each rank's own beside it.
-    run = Run(ctx, settings, cnn.CnnState(), components, meter, settings.epochs * steps_per_epoch, stop_request,
-              per_rank={"batchnorm": batchnorm.RankStatistics(trainer.model)})
+    # What a checkpoint holds: the same on every rank, then each rank's own (its RNG, its metric
+    # sums, its BatchNorm statistics: their average is what the model holds).
+    checkpointer = Checkpointer(ctx, settings.output_dir, keep=settings.keep_checkpoints,
+                                shared={**components, "train_state": state},
+                                per_rank={"rng": RngState(), "meter": meter,
+                                          "batchnorm": batchnorm.RankStatistics(trainer.model)})
+    run = Run(ctx, settings, state, checkpointer, settings.epochs * steps_per_epoch, stop_request)
     # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
     # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
     run.launch(lambda: train(run, trainer, (train_set, val_set), meter, position, shares))
@@ -178,7 +181,7 @@ def train(run, trainer, datasets, meter, position=None, shares=None):
     if run.stop_after_already_reached():
         return
     train_set, val_set = datasets
-    sampler, train_loader, val_loader = make_loaders(settings, ctx, train_set, val_set, shares)
+    sampler, train_loader, val_loader = cnn.make_loaders(settings, ctx, train_set, val_set, shares)
     global_batch = cnn.global_batch(settings, ctx.size)
     if position is not None:  # the steps left at this world size
         left = (settings.epochs - state.epoch) * len(train_set) - position.samples
@@ -195,25 +198,17 @@ def train(run, trainer, datasets, meter, position=None, shares=None):
     while state.epoch < settings.epochs:
         if state.step_in_epoch == 0:
             run.throughput.start_window()
-        reason = train_epoch(run, trainer, (train_set, sampler, train_loader), meter, position, shares)
-        if position is None:
-            finished_epoch = state.step_in_epoch == sampler.batches_per_epoch
-        else:
-            sampler.set_epoch(state.epoch, position.samples)
-            finished_epoch = len(sampler) == 0
-        if finished_epoch:
-            end_epoch(run, trainer, val_loader, meter, position)
+        reason = train_epoch(run, trainer, (train_set, sampler, train_loader, val_loader), meter, position, shares)
         if reason:
-            return run.stop(reason, cnn.results(run, time.perf_counter() - started), checkpoint=not finished_epoch)
+            return run.stop(reason, cnn.results(run, time.perf_counter() - started))
     path = run.write_results({**cnn.results(run, time.perf_counter() - started), "completed": True})
     row = state.last_row
     run.log.info(f"val_top1 {row['val_top1']:.4f} val_top5 {row['val_top5']:.4f} "
                  f"{rate_text(run.rates()[0], 'images')}; results in {path}")
-    run.log.close()
 
 
-def train_epoch(run, trainer, train_data, meter, position=None, shares=None):
-    """Train the rest of the current epoch; returns why this launch must stop, or None.
+def train_epoch(run, trainer, data, meter, position=None, shares=None):
+    """Train the rest of the current epoch, evaluate at its end; returns why this launch must stop, or None.
 
     --elastic (``position``): the epoch goes on from its global sample position
     at the current world size, and the LR follows the samples trained.
@@ -221,12 +216,18 @@ def train_epoch(run, trainer, train_data, meter, position=None, shares=None):
     goes on from the next step with the new split.
     """
     settings, state = run.settings, run.state
-    train_set, sampler, loader = train_data
+    train_set, sampler, loader, val_loader = data
     train_set.set_epoch(state.epoch)  # the augmentation key; workers copy it at iter()
     sampler.set_epoch(state.epoch, position.samples if position else state.step_in_epoch)
+    if position is not None and not sampler.steps:
+        # The world grew just before the epoch's end: what is left is too few samples to split.
+        is_best = end_epoch(run, trainer, val_loader, meter, position)
+        run.checkpoints.after_step(epoch_end=True, is_best=is_best)
+        return None
     with run.ctx.watchdog.phase("starting the data loader"):  # worker processes import torch
         batches = iter(loader)
     step_bounds = sampler.steps if position else itertools.repeat(None)  # --elastic: (start, stop) samples
+    last_bounds = sampler.steps[-1] if position else None
     peak_lr = cnn.used_lr(settings, run.ctx)  # for the current world size
     timer = run.stragglers.timer  # this rank's time in data, compute, comm, optimizer
     for bounds, batch in zip(step_bounds, timer.timed(batches, "data")):
@@ -240,19 +241,20 @@ def train_epoch(run, trainer, train_data, meter, position=None, shares=None):
         # Horovod: every --stop-check-every steps the stop-signal allgather, every
         # --straggler-interval steps the timings' allgather (Run.step_done)
         reason = run.step_done(samples)
-        if reason:
+        rebalanced = run.rebalance(shares, "samples")  # --balance: new shares, saved below
+        epoch_end = bounds == last_bounds if position else state.step_in_epoch == sampler.batches_per_epoch
+        is_best = end_epoch(run, trainer, val_loader, meter, position) if epoch_end else False
+        # Horovod: when one is due, the checkpoint's collectives and --elastic's commit
+        # (CheckpointManager.after_step lists them): every --checkpoint-every and
+        # --elastic-commit-every steps, at the epoch's end, before a stop
+        run.checkpoints.after_step(epoch_end=epoch_end, is_best=is_best, stopping=reason is not None)
+        if reason or epoch_end or rebalanced:  # rebalanced: a new split, so a new sampler
             return reason
-        # Horovod: every --checkpoint-every steps a checkpoint (Run.checkpoint lists its
-        # collectives); --elastic: a commit every --elastic-commit-every steps
-        run.save_if_due(checkpoint_follows=position.samples == len(train_set) if position
-                        else state.step_in_epoch == sampler.batches_per_epoch)  # the epoch's end
-        if run.rebalance(shares, "samples"):  # --balance: new shares, so a new sampler
-            return None
     return None
 
 
 def end_epoch(run, trainer, val_loader, meter, position=None):
-    """Evaluate, append the epoch's row, checkpoint (best.pt too when it is the best)."""
+    """Evaluate and append the epoch's row; True when it is the best so far (best.pt)."""
     state = run.state
     total_rate, per_worker = total_throughput(run.throughput.window_rate())  # Horovod: allreduce of the rates
     # Horovod: grouped_allreduce of the BatchNorm statistics: what is evaluated is what is saved
@@ -272,29 +274,8 @@ def end_epoch(run, trainer, val_loader, meter, position=None):
     is_best = row["val_top1"] > state.best_top1
     state.best_top1, state.last_row = max(state.best_top1, row["val_top1"]), row
     run.log.record(row, state.step)  # before the checkpoint: a crash in between repeats the row once
-    run.checkpoint(is_best)  # Horovod: the checkpoint's collectives (Run.checkpoint)
     run.log.info(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
-    run.commit()  # Horovod, --elastic: an epoch's end is a commit too (state sync after a reset)
-
-
-def make_loaders(settings, ctx, train_set, val_set, shares=None):
-    """(sampler, train loader, val loader) for this rank in the current world."""
-    # Horovod: rank r trains its own shard of each epoch's order, validates its own share.
-    if shares is not None:
-        sampler = BalancedSampler(len(train_set), ctx.rank, shares.shares, settings.seed)
-    elif settings.elastic:
-        sampler = ElasticBatchSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed,
-                                      global_batch=settings.global_batch,
-                                      min_share=settings.accumulation_steps)
-    else:
-        sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed)
-    cuda = ctx.device.type == "cuda"
-    whole_batches = settings.elastic or shares is not None  # the sampler yields each step's indices
-    train_loader = loaders.make_loader(train_set, sampler, None if whole_batches else settings.step_batch,
-                               settings.workers, cuda)
-    val_loader = loaders.make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
-                             2 * settings.batch_size, settings.workers, cuda)
-    return sampler, train_loader, val_loader
+    return is_best
 
 
 if __name__ == "__main__":

@@ -33,10 +33,10 @@ def test_a_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(need_
     hosts = tmp_path / "hosts"
     write_hosts(hosts, "localhost slots=1", "127.0.0.1 slots=1")
     # Rank 1 SIGKILLs itself as it enters the first epoch's checkpoint write: after rank 0 appended
-    # the epoch's row, before the end's commit. Its host (one slot, all of them failed) is
-    # blacklisted; the survivor goes back to the commit at step 45, the epoch's last step (a multiple
-    # of --elastic-commit-every), ends the epoch again, and goes on alone. A reset that kept the
-    # epoch's row wrote it twice.
+    # the epoch's row and every rank committed the epoch's end (CheckpointManager.after_step: the
+    # commit before the file). Its host (one slot, all of them failed) is blacklisted; the survivor
+    # goes back to that commit at step 45, the epoch's last step, and goes on alone. A reset that
+    # repeated the epoch's end would write its row twice.
     fault = {"HVDTRAIN_FAULT": f"rank=1,step={EPOCH_STEPS},kind=kill,phase=writing a checkpoint"}
     ran = ok(launch(elastic_command(hosts, 2, [*RUN, "--output-dir", resized]), timeout=300, env=fault))
     assert world_sizes(ran)[0] == 2 and world_sizes(ran)[-1] == 1, ran.describe()

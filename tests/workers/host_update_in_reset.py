@@ -19,11 +19,11 @@ from hvdtrain.runtime.run import TrainState
 from hvdtrain.liveness.watchdog import Watchdog
 
 
-def a_run():
-    """The parts of a Run that Commits uses: its components, context and world-following."""
+def commits():
+    """Commits of one component, built from its parts: a checkpointer, a context, a world to follow."""
     ctx = SimpleNamespace(print0=print, watchdog=Watchdog(0, watch=False))
     checkpointer = SimpleNamespace(shared={"train_state": TrainState()}, per_rank={})
-    return SimpleNamespace(ctx=ctx, checkpointer=checkpointer, adopt_new_world=lambda started: None)
+    return Commits(checkpointer, ctx, 1, start=None, adopt_new_world=lambda started: None)
 
 
 def next_commit_check(commits):
@@ -45,5 +45,5 @@ def lost_worker_then(commits, before, during):
 
 
 hvd.init()
-print("update during the reset:", lost_worker_then(Commits(a_run(), 1), before=[100], during=[200]))
-print("update before the loss only:", lost_worker_then(Commits(a_run(), 1), before=[100], during=[]))
+print("update during the reset:", lost_worker_then(commits(), before=[100], during=[200]))
+print("update before the loss only:", lost_worker_then(commits(), before=[100], during=[]))

@@ -225,34 +225,36 @@ def around_save(parts):
 class Checkpointer:
     """Saves and restores the run's components; every method is collective."""
 
-    def __init__(self, ctx, directory, shared, per_rank, keep):
+    def __init__(self, ctx, directory, shared, per_rank, keep, extra=None):
         self.ctx = ctx
         self.directory = Path(directory)
         self.shared = shared  # name -> component, identical on every rank
         self.per_rank = per_rank  # name -> component, one entry per rank
         self.keep = keep
+        self.extra = extra or {}  # plain values saved beside the components
 
     def parts(self):
         """Every component, shared then per rank: the same order on every rank."""
         return [*self.shared.values(), *self.per_rank.values()]
 
-    def save(self, step, settings, is_best=False, extra=None):
+    def save(self, step, settings, is_best=False):
+        """The components' ``before_save`` hooks (around_save), then ``write``; collective."""
+        with around_save(self.parts()):
+            self.write(step, settings, is_best)
+
+    def write(self, step, settings, is_best=False):
         """Write checkpoint ``step`` (rank 0); every rank waits until it is on disk.
 
-        Collective, in this order: the components' ``before_save`` hooks (around_save), the
-        per-rank entries gathered to rank 0 (one alltoall), one allreduce once the file is written.
+        Collective, in this order: the per-rank entries gathered to rank 0 (one alltoall),
+        one allreduce once the file is written. Inside ``around_save`` (see ``save``).
         """
-        with around_save(self.parts()):
-            self._save(step, settings, is_best, extra)
-
-    def _save(self, step, settings, is_best, extra):
         with durations.timed("gathering the ranks' checkpoint entries"):
             ranks = dist.gather_object_to_root({name: part.state_dict() for name, part in self.per_rank.items()},
                                                name="checkpoint.ranks")  # every rank's entry, on rank 0
         with self.ctx.watchdog.phase("writing a checkpoint"):
             if self.ctx.is_main:
                 state = {"format": FORMAT, **{name: part.state_dict() for name, part in self.shared.items()},
-                         "ranks": ranks, "settings": dict(settings), **(extra or {})}
+                         "ranks": ranks, "settings": dict(settings), **self.extra}
                 path = checkpoint_path(self.directory, step)
                 digest = atomic_save(state, path)
                 if is_best:

@@ -28,7 +28,7 @@ from horovod.common.elastic import State
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
 from hvdtrain.runtime import dist
-from hvdtrain.runtime.checkpoint import around_save, broadcast_state
+from hvdtrain.runtime.checkpoint import broadcast_state
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime.metrics import averages
 
@@ -57,16 +57,22 @@ def agree_before_start(elastic, check, *args, **kwargs):
 class Commits(State):
     """The run's checkpoint components as Horovod's elastic state.
 
-    ``save``: copies of every component's state_dict (commit); ``restore``: load
-    them back (a worker was lost mid-step); ``sync``: rank 0's shared components
-    to every rank, then the run follows the new world (``Run.adopt_new_world``).
-    ``Run.launch`` makes one; ``Run.save_if_due`` commits.
+    ``save``: copies of every component's state_dict (a commit; cadence.CheckpointManager
+    decides when, inside the components' save hooks); ``restore``: load them back (a worker
+    was lost mid-step); ``sync``: rank 0's shared components to every rank, then
+    ``adopt_new_world``. Built from explicit parts: the ``checkpointer`` (its components),
+    the run's context (``ctx``: its print0 and watchdog), ``start`` (restore the checkpoint on
+    disk, once per job, by the first world) and ``adopt_new_world(started)`` (the rank and
+    size after every reset).
     """
 
-    def __init__(self, run, commit_every):
-        self.run = run
+    def __init__(self, checkpointer, ctx, commit_every, start, adopt_new_world):
+        self.checkpointer = checkpointer
+        self.ctx = ctx
         self.commit_every = commit_every
-        self.started = False  # run.start() (the checkpoint on disk) is done, once per job
+        self.start = start
+        self.adopt_new_world = adopt_new_world
+        self.started = False  # start() (the checkpoint on disk) is done, once per job
         self.saved = None
         self._reset_phase = contextlib.ExitStack()
         super().__init__(bcast_object=self._broadcast_small, get_rank=hvd.rank)
@@ -78,16 +84,15 @@ class Commits(State):
         return hvd.broadcast_object(obj, root_rank=0, name="elastic.hosts")
 
     def _parts(self):
-        checkpointer = self.run.checkpointer
-        return {**checkpointer.shared, **checkpointer.per_rank}
+        return {**self.checkpointer.shared, **self.checkpointer.per_rank}
 
     def save(self):
         self.saved = {name: copy.deepcopy(part.state_dict()) for name, part in self._parts().items()}
 
     def restore(self):
         # Copies again: load_state_dict may keep the given tensors, which training then updates in place.
-        self.run.ctx.print0("elastic: a worker was lost; back to the last commit "
-                            f"(step {self.saved['train_state']['step']})")
+        self.ctx.print0("elastic: a worker was lost; back to the last commit "
+                        f"(step {self.saved['train_state']['step']})")
         for name, part in self._parts().items():
             part.load_state_dict(copy.deepcopy(self.saved[name]))
             if hasattr(part, "zero_grad"):
@@ -105,9 +110,8 @@ class Commits(State):
 
     def sync(self):
         """Rank 0's shared components (and whether the run started) on every rank."""
-        ctx = self.run.ctx
-        with ctx.watchdog.phase("synchronising the elastic state"):
-            shared = self.run.checkpointer.shared
+        with self.ctx.watchdog.phase("synchronising the elastic state"):
+            shared = self.checkpointer.shared
             mine = {"started": self.started, **{name: part.state_dict() for name, part in shared.items()}}
             received = broadcast_state(mine if hvd.rank() == 0 else None, root_rank=0)
             if hvd.rank() != 0:
@@ -115,7 +119,7 @@ class Commits(State):
                     part.load_state_dict(received[name])
             self.started = received["started"]
         self._reset_phase.close()
-        self.run.adopt_new_world(self.started)
+        self.adopt_new_world(self.started)
         self.save()
 
     def reset(self):
@@ -127,7 +131,7 @@ class Commits(State):
         believing in the old size and trained only part of each epoch).
         """
         self._reset_phase.close()
-        self.run.adopt_new_world(self.started)
+        self.adopt_new_world(self.started)
 
     def on_reset(self):
         """Horovod's on_reset, keeping the host updates that arrived while the new world formed.
@@ -138,7 +142,8 @@ class Commits(State):
         blacklist cooldown ended while the 12 survivors re-formed (their collectives
         took 30 s to fail) and node4 never rejoined. The updates that were part of
         this reset are dropped when it begins (``_enter_reset_phase``) instead; one
-        the new world already includes costs at most one more reset.
+        the new world already includes costs at most one more reset. (Horovod's
+        State keeps the queue in ``_host_messages``; this class is that State.)
         """
         arrived_during_the_reset = self._host_messages
         super().on_reset()
@@ -149,19 +154,13 @@ class Commits(State):
         self._host_messages = queue.Queue()
         # Shutting Horovod down and waiting for the new world can take a while: not a stall.
         self._reset_phase.close()
-        self._reset_phase.enter_context(self.run.ctx.watchdog.phase("an elastic reset"))
+        self._reset_phase.enter_context(self.ctx.watchdog.phase("an elastic reset"))
 
-    def commit_due(self, step):
+    def due(self, step):
+        """Whether --elastic-commit-every asks for a commit after ``step``."""
         return step % self.commit_every == 0
 
-    def commit(self):
-        """Copy the state, as a checkpoint reads it (the components' save hooks, collective: sums
-        folded in, BatchNorm averages); HostsUpdatedInterrupt when hosts changed."""
-        with around_save(self.run.checkpointer.parts()):
-            self.save()
-        self.check_host_updates()
-
-    def run_elastic(self, train):
+    def elastic_run(self, train):
         """``train()`` under hvd.elastic.run; the checkpoint on disk is restored once, by the first world.
 
         HorovodInternalError and HostsUpdatedInterrupt reach hvd.elastic.run,
@@ -171,7 +170,7 @@ class Commits(State):
         @hvd.elastic.run
         def elastic_train(state):
             if not state.started:
-                self.run.start()  # the first world: every rank is here together
+                self.start()  # the first world: every rank is here together
                 state.started = True
                 state.save()
             return train()

@@ -1,20 +1,21 @@
 """The run skeleton both trainers share.
 
-    run = Run(ctx, settings, state, components, meter, total_steps, stop_request)
-    run.launch(train)                 # restore (or start over), open the log, train()
+    checkpointer = Checkpointer(ctx, settings.output_dir, shared={..., "train_state": state}, per_rank=...)
+    run = Run(ctx, settings, state, checkpointer, total_steps, stop_request)
+    run.launch(train)                 # restore (or start over), open the log, train(), close the log
 
     def train():                      # called again after every --elastic reset
         while ...:
             train one step
             reason = run.step_done(samples)   # counters, watchdog, stop checks
-            if reason: run.stop(reason); return
-            run.save_if_due(checkpoint_follows)  # elastic commit, checkpoint every N steps
-        run.checkpoint()
+            run.checkpoints.after_step(..., stopping=bool(reason))  # checkpoint, commit when due
+            if reason: return run.stop(reason, results)
 
-What it owns, once for both: the shared command-line flags, the train state
-(position and counters), checkpoints with the resume contract and their
-cadence, the --elastic commits and the world after a reset, stop requests
-(which signal reached which rank), the run log and throughput.
+What it owns, once for both: the train state (position and counters), the
+restore with the resume contract, the checkpoint manager (cadence.py: the
+cadence of checkpoints and --elastic commits), the world after an elastic
+reset, stop requests (which signal reached which rank), the run log and
+throughput.
 """
 import atexit
 import os
@@ -29,7 +30,8 @@ from hvdtrain import cli, durations, testhooks
 from hvdtrain.liveness import failures
 from hvdtrain.runtime import dist, elastic, nonfinite, settings as settings_module, stragglers
 from hvdtrain.runtime import checkpoint
-from hvdtrain.runtime.checkpoint import Checkpointer, RngState, clear_run_outputs
+from hvdtrain.runtime.cadence import CheckpointManager
+from hvdtrain.runtime.checkpoint import clear_run_outputs
 from hvdtrain.runtime.metrics import Throughput, total_throughput
 from hvdtrain.runtime.outdir_lock import OutputDirLock
 from hvdtrain.runtime.runlog import RunLog
@@ -57,24 +59,24 @@ class TrainState:
 
 
 class Run:
-    """Checkpoints, stop requests, log and throughput around a trainer's own loop."""
+    """Restore, stop requests, log and throughput around a trainer's own loop; ``checkpoints`` saves."""
 
-    def __init__(self, ctx, settings, state, components, meter, total_steps, stop_request, extra=None,
-                 per_rank=None):
+    def __init__(self, ctx, settings, state, checkpointer, total_steps, stop_request):
+        """``state``: the TrainState among ``checkpointer``'s shared components."""
         self.ctx = ctx
         self.settings = settings
         self.state = state
+        self.checkpointer = checkpointer  # restored from by start()
         self.total_steps = total_steps  # the whole schedule
         self.last_step = min(settings.stop_after or total_steps, total_steps)  # this launch's
         self.stop_request = stop_request
-        self.extra = extra or {}  # plain values saved beside the components
-        self.checkpointer = Checkpointer(
-            ctx, settings.output_dir, shared={**components, "train_state": state},
-            per_rank={"rng": RngState(), "meter": meter, **(per_rank or {})}, keep=settings.keep_checkpoints)
+        # --elastic: the in-memory commits, whose resets this run follows (adopt_new_world).
+        commits = elastic.Commits(checkpointer, ctx, settings.elastic_commit_every, start=self.start,
+                                  adopt_new_world=self.adopt_new_world) if settings.elastic else None
+        self.checkpoints = CheckpointManager(checkpointer, settings, state, commits)
         self.throughput = Throughput()
         self.log = None
         self.resumed = False
-        self.commits = None  # --elastic: the in-memory commits (runtime/elastic.py), from launch()
         # The trainers pass it to optim.finish_step; it reports through the log, open after start().
         self.nonfinite = nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state,
                                                                say=lambda line: self.log.info(line))
@@ -84,13 +86,18 @@ class Run:
         self.straggler_exit = None  # --straggler-action checkpoint-exit: raised after the checkpoint
 
     def launch(self, train):
-        """``train()`` once; under --elastic inside ``hvd.elastic.run``, again after every reset."""
-        if not self.settings.elastic:
-            self.start()
-            return train()
-        # Horovod: hvd.elastic.run restores the last commit, re-forms the world and calls train() again.
-        self.commits = elastic.Commits(self, self.settings.elastic_commit_every)
-        return self.commits.run_elastic(train)
+        """``start()``, then ``train()``; under --elastic inside ``hvd.elastic.run``, which calls
+        ``train()`` again after every reset. The log is closed here, and only here."""
+        try:
+            commits = self.checkpoints.commits
+            if commits is None:
+                self.start()
+                return train()
+            # Horovod: hvd.elastic.run restores the last commit, re-forms the world and calls train() again.
+            return commits.elastic_run(train)
+        finally:
+            if self.log is not None:
+                self.log.close()
 
     def adopt_new_world(self, started):
         """--elastic, after a reset: this worker's rank and size in the new world; the log follows rank 0.
@@ -202,46 +209,18 @@ class Run:
         self.log.info(f"--balance: {unit} per rank now {shares.shares} (step {self.state.step})")
         return True
 
-    def save_if_due(self, checkpoint_follows=False):
-        """After a step: the --elastic commit, then the checkpoint every --checkpoint-every steps.
-
-        ``checkpoint_follows``: the trainer checkpoints after this step anyway (an
-        epoch's or the schedule's end), so the periodic one is left out.
-        """
-        step, every = self.state.step, self.settings.checkpoint_every
-        # Commit first: once a checkpoint of this step is on disk, every rank holds its commit too.
-        if self.commits is not None and self.commits.commit_due(step):
-            self.commits.commit()  # HostsUpdatedInterrupt from here when hosts were added or removed
-        if every and step % every == 0 and not checkpoint_follows:
-            self.checkpoint()
-
-    def commit(self):
-        """--elastic: commit now (an epoch's end); nothing otherwise."""
-        if self.commits is not None:
-            self.commits.commit()
-
     def poll_stop_request(self):
         """Collective: None, or which signal reached which rank, e.g. "SIGUSR1 (rank 1)"."""
         return self.stop_request.describe() if self.stop_request.should_stop() else None
 
-    def checkpoint(self, is_best=False):
-        """Checkpoint this step. Collective, in this order: the components' ``before_save`` hooks
-        (train_cnn.py --elastic: the train sums' allreduce, ElasticPosition; train_cnn.py: the
-        BatchNorm statistics' grouped_allreduce, batchnorm.RankStatistics); the per-rank entries
-        gathered to rank 0 (one alltoall, dist.gather_object_to_root); one allreduce once rank 0
-        has written the file, so every rank waits inside the watchdog's phase."""
-        self.checkpointer.save(self.state.step, self.settings, is_best, self.extra)
-
-    def stop(self, reason, results, checkpoint=True):
-        """A stop before the end: checkpoint, results so far, and how to go on."""
-        if checkpoint:
-            self.checkpoint()
+    def stop(self, reason, results):
+        """A stop before the end, after its checkpoint (``checkpoints.after_step(stopping=True)``):
+        the results so far, and how to go on."""
         self.write_results({**results, "completed": False})
         # The command to print resumes: no --no-resume (it deletes the checkpoint), no --stop-after.
         self.log.info(f"stopped by {reason} at step {self.state.step}: checkpoint written to "
                       f"{self.settings.output_dir}; to continue, relaunch with the same launcher: "
                       f"python {cli.resume_command()}")
-        self.log.close()
         if self.straggler_exit is not None:
             self.exit_for_straggler(self.straggler_exit)
 
@@ -274,13 +253,11 @@ class Run:
             return False
         self.log.info(f"{self.settings.output_dir} is at step {self.state.step}, already past --stop-after "
                       f"{stop_after}: nothing to do (drop --stop-after or raise it to train on)")
-        self.log.close()
         return True
 
     def already_finished(self, results_name="results.json"):
         """Relaunching a finished run changes nothing; says where its results are."""
         self.log.info(finished_line(self.settings.output_dir, self.state.step, results_name))
-        self.log.close()
 
 
 def finished_line(output_dir, step, results_name="results.json"):

@@ -220,4 +220,3 @@ def finish(run, tokens, model, metadata):
     run.write_results(summary)
     run.log.info(f"finished at step {run.state.step}: {rate_text(summary['sequences_per_sec'], 'sequences')}, "
                  f"{rate_text(summary['tokens_per_sec'], 'tokens', 0)} on {run.ctx.size} rank(s)")
-    run.log.close()

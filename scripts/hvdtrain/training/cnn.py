@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import horovod.torch as hvd
 
 from hvdtrain.data import images
+from hvdtrain.data.sampling import BalancedSampler, ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
 from hvdtrain.errors import UsageError
 from hvdtrain.models import resnet
 from hvdtrain.runtime import consistency, dist, elastic, precision
@@ -24,7 +25,7 @@ from hvdtrain.runtime.metrics import SumMeter, topk_correct
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
 from hvdtrain.runtime.stragglers import UNTIMED
-from hvdtrain.training import optim
+from hvdtrain.training import loaders, optim
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,29 @@ def used_lr(settings, ctx):
         return settings.lr * global_batch(settings, ctx.size) / settings.batch_size
     local = ctx.local_size if ctx.device.type == "cuda" and hvd.nccl_built() else 1
     return settings.lr * passes * local
+
+
+def make_loaders(settings, ctx, train_set, val_set, shares=None):
+    """(sampler, train loader, val loader) for this rank in the current world.
+
+    Rank r trains its own shard of each epoch's order (--elastic: its slice of each step's
+    samples; --balance: its share, ``shares``) and validates its own share of the val set.
+    """
+    if shares is not None:
+        sampler = BalancedSampler(len(train_set), ctx.rank, shares.shares, settings.seed)
+    elif settings.elastic:
+        sampler = ElasticBatchSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed,
+                                      global_batch=settings.global_batch,
+                                      min_share=settings.accumulation_steps)
+    else:
+        sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed)
+    cuda = ctx.device.type == "cuda"
+    whole_batches = settings.elastic or shares is not None  # the sampler yields each step's indices
+    train_loader = loaders.make_loader(train_set, sampler, None if whole_batches else settings.step_batch,
+                                       settings.workers, cuda)
+    val_loader = loaders.make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
+                                     2 * settings.batch_size, settings.workers, cuda)
+    return sampler, train_loader, val_loader
 
 
 def results(run, seconds):

@@ -1,0 +1,52 @@
+"""When the run's state is saved: the checkpoint manager, one call per step.
+
+    checkpoints = CheckpointManager(checkpointer, settings, state, commits)
+    ...                                    # in the trainer's loop, after every step:
+    checkpoints.after_step(epoch_end=..., is_best=..., last=..., stopping=...)
+
+It owns the cadence: a checkpoint every --checkpoint-every steps, at every
+epoch's end (best.pt too when it is the best), at the schedule's end and when
+this launch stops early (a stop request, --stop-after, the straggler action);
+under --elastic an in-memory commit (``elastic.Commits``) every
+--elastic-commit-every steps and at every epoch's end. The trainer says what
+kind of step it was; the manager decides what is saved.
+"""
+from hvdtrain.runtime.checkpoint import around_save
+
+
+class CheckpointManager:
+    """Checkpoints and --elastic commits at their cadence; ``after_step`` is collective."""
+
+    def __init__(self, checkpointer, settings, state, commits=None):
+        self.checkpointer = checkpointer  # the components, and how a checkpoint is written
+        self.settings = settings  # --checkpoint-every, and what a checkpoint records
+        self.state = state  # its step
+        self.commits = commits  # --elastic: the in-memory commits, else None
+
+    def after_step(self, epoch_end=False, is_best=False, last=False, stopping=False):
+        """Save what the cadence asks for after the step just trained (and, at an epoch's end, evaluated).
+
+        ``epoch_end``: the step ended an epoch; ``last``: the schedule; ``stopping``: this launch
+        stops after it; ``is_best``: best.pt is this checkpoint too.
+
+        Collective, the same on every rank, on the steps that save something: the components'
+        ``before_save`` hooks (checkpoint.around_save: --elastic, the train sums' allreduce; the CNN,
+        the BatchNorm statistics' grouped_allreduce); --elastic, the commit's copy; the checkpoint
+        (Checkpointer.write: the per-rank entries' alltoall, one allreduce once rank 0 has written
+        it); --elastic, the commit's host-update check, a broadcast, which raises
+        HostsUpdatedInterrupt when hosts were added or removed (hvd.elastic.run re-forms the world).
+        """
+        step, every = self.state.step, self.settings.checkpoint_every
+        # A launch that stops leaves no commit behind: its checkpoint is what the relaunch reads.
+        commit = self.commits is not None and not stopping and (epoch_end or self.commits.due(step))
+        checkpoint = epoch_end or last or stopping or bool(every and step % every == 0)
+        if not (commit or checkpoint):
+            return
+        with around_save(self.checkpointer.parts()):  # the hooks' collectives once for both
+            # The commit first: once a checkpoint of this step is on disk, every rank holds its commit too.
+            if commit:
+                self.commits.save()
+            if checkpoint:
+                self.checkpointer.write(step, self.settings, is_best)
+        if commit:
+            self.commits.check_host_updates()
