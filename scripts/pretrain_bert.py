@@ -93,7 +93,8 @@ import horovod.torch as hvd
 
 from hvdtrain.data import bert_data, bert_elastic
 from hvdtrain.models import bert as bert_models
-from hvdtrain.runtime import checkpoint, consistency, dist, elastic, horovod_profile, precision, signals
+from hvdtrain.runtime import (checkpoint, collectives, consistency, dist, elastic, horovod_profile,
+                              precision, rng, signals)
 from hvdtrain.runtime.metrics import SumMeter, Throughput
 from hvdtrain.runtime.run import Run, finished_before_start
 from hvdtrain.training import balance, bert
@@ -101,7 +102,7 @@ from hvdtrain.training.bert import BertSettings
 
 
 def load_setup(args, ctx):
-    """Every check made before training, run on every rank (see dist.agree_on_errors).
+    """Every check made before training, run on every rank (see collectives.agree_on_errors).
 
     Returns (metadata, BertConfig, init-checkpoint state or None).
     """
@@ -198,7 +199,7 @@ def main(argv=None):
     # Horovod: rank 0 finds this run finished in --output-dir (a relaunch): said, no model built
     if finished_before_start(ctx, settings):
         return
-    dist.seed_everything(settings.seed)  # the same initial weights on every rank
+    rng.seed_everything(settings.seed)  # the same initial weights on every rank
     model, objective = bert.build_model(settings, ctx, config)
     # Horovod: gradients are averaged by allreduce once per update, after the last of its
     # `accumulation_steps` micro-batches; fp16 compression on request. --global-batch: ranks hold
@@ -214,7 +215,7 @@ def main(argv=None):
                            torch.amp.GradScaler(ctx.device.type, enabled=use_scaler), ctx.device, amp_dtype,
                            settings.accumulation_steps, settings.max_grad_norm,
                            global_counts=counts if summed else None)
-    dist.seed_everything(settings.seed + 1 + ctx.rank)  # own dropout masks per rank (a resume restores them)
+    rng.seed_everything(settings.seed + 1 + ctx.rank)  # own dropout masks per rank (a resume restores them)
     if init is not None:  # phase 2: the weights only; a resume below replaces them
         agree(load_init_weights, args, model, init)
 
@@ -231,7 +232,7 @@ def main(argv=None):
     # and what --init-checkpoint and the export read (the model's configuration, the vocabulary's hash).
     checkpointer = checkpoint.Checkpointer(ctx, settings.output_dir, keep=settings.keep_checkpoints,
                                            shared={**components, "train_state": state},
-                                           per_rank={"rng": checkpoint.RngState(), "meter": meter},
+                                           per_rank={"rng": rng.RngState(), "meter": meter},
                                            extra={"bert_config": model.config.to_dict(),
                                                   "vocab_sha256": metadata["vocab_sha256"]})
     run = Run(ctx, settings, state, checkpointer, settings.steps, stop_request)
@@ -271,7 +272,7 @@ def train(run, trainer, meter, setup, position=None, shares=None):
             with ctx.watchdog.phase("loading this rank's first shard of the epoch"):
                 # A damaged shard on one rank: one line and exit 2 on every rank.
                 # Later shards are read (and checked) as the epoch goes, one ahead.
-                dist.agree_on_errors(data.start_epoch, state.epoch, state.step_in_epoch)
+                collectives.agree_on_errors(data.start_epoch, state.epoch, state.step_in_epoch)
         first_compiled = settings.compile and not tokens.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():
             micro_batches = (data.batch(state.step_in_epoch, micro) for micro in range(settings.accumulation_steps))

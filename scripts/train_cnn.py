@@ -81,8 +81,8 @@ import horovod.torch as hvd
 
 from hvdtrain.data import images
 from hvdtrain.errors import UsageError
-from hvdtrain.runtime import consistency, dist, elastic, horovod_profile, precision, signals
-from hvdtrain.runtime.checkpoint import Checkpointer, RngState
+from hvdtrain.runtime import consistency, dist, elastic, horovod_profile, precision, rng, signals
+from hvdtrain.runtime.checkpoint import Checkpointer
 from hvdtrain.runtime.metrics import SumMeter, rate_text, total_throughput
 from hvdtrain.runtime.run import Run
 from hvdtrain.training import balance, batchnorm, cnn
@@ -123,7 +123,7 @@ def main():
     # Horovod: a check that fails on one rank stops every rank with the same one line
     agree = lambda check, *a: elastic.agree_before_start(args.elastic, check, *a)  # noqa: E731
     resolved = agree(cnn.check_args, args, ctx)
-    dist.seed_everything(args.seed)
+    rng.seed_everything(args.seed)
     train_set, val_set, num_classes, channels = agree(load_data, args, ctx, resolved["workers"])
     # Horovod: the global batch grows with the workers, so does the LR (cnn.used_lr)
     settings = CnnSettings.build(args, **resolved, world_size="elastic" if args.elastic else ctx.size,
@@ -165,7 +165,7 @@ def main():
     # sums, its BatchNorm statistics: their average is what the model holds).
     checkpointer = Checkpointer(ctx, settings.output_dir, keep=settings.keep_checkpoints,
                                 shared={**components, "train_state": state},
-                                per_rank={"rng": RngState(), "meter": meter,
+                                per_rank={"rng": rng.RngState(), "meter": meter,
                                           "batchnorm": batchnorm.RankStatistics(trainer.model)})
     run = Run(ctx, settings, state, checkpointer, settings.epochs * steps_per_epoch, stop_request)
     # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank

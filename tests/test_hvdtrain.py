@@ -11,7 +11,7 @@ import torch
 from torch.utils import _pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hvdtrain.runtime import checkpoint, dist, metrics, runlog
+from hvdtrain.runtime import checkpoint, dist, metrics, rng, runlog
 from hvdtrain import cli
 from hvdtrain.training import optim
 from hvdtrain.errors import UsageError
@@ -87,12 +87,12 @@ def test_settings_are_frozen_and_the_resume_contract_sorts_every_change():
 
 
 def test_rng_state_survives_a_weights_only_checkpoint(tmp_path):
-    dist.seed_everything(5)
-    state = dist.rng_state()
+    rng.seed_everything(5)
+    state = rng.get_state()
     expected = (torch.rand(3), np.random.rand(3), random.random())
     checkpoint.atomic_save({"rng": state}, tmp_path / "rng.pt")
-    dist.seed_everything(99)
-    dist.set_rng_state(checkpoint.load(tmp_path / "rng.pt")["rng"])
+    rng.seed_everything(99)
+    rng.set_state(checkpoint.load(tmp_path / "rng.pt")["rng"])
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(expected[0], again[0])
     assert np.array_equal(expected[1], again[1]) and expected[2] == again[2]

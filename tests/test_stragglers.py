@@ -18,7 +18,8 @@ from support.commands import CNN, PRETRAIN, QUICK_CNN, SLOW_RANK_WATCH, SLOW_SHA
 from support.launch import horovodrun, launch, wait_then
 from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
 
-from hvdtrain.runtime.stragglers import SECTIONS, SectionTimer, StragglerWatch, scores, speed_without
+from hvdtrain.durations import SECTIONS, SectionTimer
+from hvdtrain.runtime.stragglers import StragglerWatch, scores, speed_without
 from hvdtrain.training import optim
 
 STRAGGLER_EXIT = 5

@@ -136,7 +136,7 @@ def test_cifar10_with_fp16_allreduce_accumulation_and_step_decay(tmp_path):
     """--fp16-allreduce, 2 backward passes per allreduce, gradient predivision,
     label smoothing and step decay together, on CIFAR-10's file format; in the
     channels_last layout (CUDA's default), whose weights and gradients Horovod
-    refused as not contiguous until dist.broadcast_parameters/gradient_compression."""
+    refused as not contiguous until collectives.broadcast_parameters/gradient_compression."""
     out = tmp_path / "out"
     train(2, ["--dataset", "cifar10", "--data", make_cifar10(tmp_path / "cifar"), "--epochs", "2",
               "--channels-last", "--batch-size", "4", "--batches-per-allreduce", "2", "--fp16-allreduce",

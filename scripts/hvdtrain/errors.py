@@ -39,7 +39,7 @@ class UsageError(Exception):
     """Bad input from the user: reported as one line, exit status 2.
 
     ``on_every_rank`` marks an error that all ranks agreed on (see
-    ``runtime.dist.agree_on_errors``): then only the first rank prints it.
+    ``runtime.collectives.agree_on_errors``): then only the first rank prints it.
     """
 
     exit_status = USAGE_ERROR_EXIT  # a subclass may report another (nonfinite.RunStopped)

@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from hvdtrain.runtime import dist
-from hvdtrain.runtime.checkpoint import Checkpointer, RngState
+from hvdtrain.runtime import collectives, dist
+from hvdtrain.runtime.checkpoint import Checkpointer
+from hvdtrain.runtime.rng import RngState
 
 
 class Model(torch.nn.Module):
@@ -81,7 +82,7 @@ def main():
           and int(model.count) == 250 and model.mask.tolist() == [True, False] * 3 + [True]
           and counter.value == 7 and checkpointer.per_rank["counter"].value == 100 + ctx.rank)
     # Horovod: every rank's verdict.
-    all_ok = dist.all_ranks_true(ok)
+    all_ok = collectives.all_ranks_true(ok)
     print(f"rank {ctx.rank}: restored {'ok' if ok else 'WRONG'} in {seconds:.1f} s, "
           f"peak RSS {peak_gib:.2f} GiB, all ranks ok: {all_ok}", flush=True)
     hvd.shutdown()

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from hvdtrain.runtime import dist, signals
+from hvdtrain.runtime import collectives, dist, signals
 
 
 def record(output_dir, rank, **event):
@@ -36,7 +36,7 @@ def main():
     output_dir.mkdir(parents=True, exist_ok=True)
     state_path = output_dir / "state.json"
     saved = json.loads(state_path.read_text()) if ctx.is_main and state_path.exists() else None
-    start = dist.broadcast_object(saved, root_rank=0, name="state")  # Horovod: rank 0's checkpoint
+    start = collectives.broadcast_object(saved, root_rank=0, name="state")  # Horovod: rank 0's checkpoint
     step = start["step"] if start else 0
     record(output_dir, ctx.rank, event="start", size=ctx.size, step=step)
     while step < total:

@@ -10,7 +10,7 @@ import sys
 import time
 from contextlib import nullcontext
 
-from hvdtrain.runtime import dist
+from hvdtrain.runtime import collectives, dist
 
 
 def main():
@@ -20,7 +20,7 @@ def main():
         with ctx.watchdog.phase("writing a checkpoint") if mode == "phase" else nullcontext():
             if ctx.is_main:
                 time.sleep(seconds)
-            dist.all_ranks_true(True)  # the others wait here for rank 0
+            collectives.all_ranks_true(True)  # the others wait here for rank 0
         ctx.watchdog.beat()
         print(f"rank {ctx.rank}: step {step} done", flush=True)
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as torch_dist
 import horovod.torch as hvd
 
-from hvdtrain.runtime import dist
+from hvdtrain.runtime import collectives, dist
 from hvdtrain.errors import UsageError
 from hvdtrain.launch.mpi_world import launched_size
 
@@ -57,7 +57,7 @@ class HorovodBackend:
         """(module to call, optimizer to step): gradients averaged by Horovod."""
         # Horovod: every rank starts from rank 0's weights; gradients are averaged
         # during backward, once per `passes` backward calls.
-        dist.broadcast_parameters(named_parameters, root_rank=0)
+        collectives.broadcast_parameters(named_parameters, root_rank=0)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters,
                                              compression=self.compression, backward_passes_per_step=self.passes)
         return module, optimizer
@@ -138,7 +138,7 @@ def shared_rendezvous_address():
         with socket.socket() as probe:
             probe.bind((host, 0))
             address = f"{host}:{probe.getsockname()[1]}"
-    return dist.broadcast_object(address, root_rank=0, name="bench.rendezvous")  # Horovod: from rank 0
+    return collectives.broadcast_object(address, root_rank=0, name="bench.rendezvous")  # Horovod: from rank 0
 
 
 class SingleBackend:

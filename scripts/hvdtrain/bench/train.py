@@ -13,6 +13,7 @@ import torch
 from hvdtrain.bench import backends, workloads
 from hvdtrain.bench.options import BERT_MODELS
 from hvdtrain.bench.record import environment, summarize, write_json
+from hvdtrain.durations import SECTIONS
 from hvdtrain.runtime import stragglers
 
 KNOB_VARIABLES = {"fusion_threshold_mb": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME"}
@@ -67,11 +68,11 @@ def rank_breakdown(backend, timer):
     """Every rank's seconds per step in data, compute, comm and optimizer, scored as the trainers'
     straggler report does (runtime/stragglers.py). DDP and one process have no separate wait: their
     allreduce runs inside backward (compute)."""
-    mine = [timer.seconds[s] / max(timer.steps, 1) for s in stragglers.SECTIONS]
+    mine = [timer.seconds[s] / max(timer.steps, 1) for s in SECTIONS]
     spread = [0.0] * (len(mine) * backend.size)
     spread[backend.rank * len(mine):(backend.rank + 1) * len(mine)] = mine
     gathered = backend.sum(spread)  # each rank's numbers in its own slots: a gather
-    per_step = [dict(zip(stragglers.SECTIONS, gathered[r * len(mine):(r + 1) * len(mine)]))
+    per_step = [dict(zip(SECTIONS, gathered[r * len(mine):(r + 1) * len(mine)]))
                 for r in range(backend.size)]
     return stragglers.scores(per_step)
 
@@ -92,6 +93,6 @@ def report(result, args):
     print(f"per worker: median {worker['median']:.1f} {unit}, mean {worker['mean']:.1f} +- {worker['ci95']:.1f}; "
           f"CPU busy {result['cpu_cores_per_rank']:.2f} cores per rank", flush=True)
     for row in result["ranks"]:
-        parts = ", ".join(f"{s} {1000 * row[s + '_s']:.1f}" for s in stragglers.SECTIONS)
+        parts = ", ".join(f"{s} {1000 * row[s + '_s']:.1f}" for s in SECTIONS)
         print(f"rank {row['rank']}: ms per step: {parts}; relative {row['relative']['busy']:.2f}, "
               f"waiting {100 * row['waiting']:.0f} % of the step", flush=True)

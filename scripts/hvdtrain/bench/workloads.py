@@ -15,7 +15,7 @@ from hvdtrain.runtime import precision as precisions
 from hvdtrain.training import cnn, optim
 from hvdtrain.training import bert as bert_training
 from hvdtrain.runtime.metrics import SumMeter
-from hvdtrain.runtime.stragglers import SectionTimer
+from hvdtrain.durations import SectionTimer
 from hvdtrain.models import resnet
 
 
@@ -53,7 +53,7 @@ class CnnWorkload:
         self.images = torch.randn(samples, 3, size, size, generator=generator)
         self.targets = torch.randint(0, classes, (samples,), generator=generator)
         self.samples, self.unit = samples, "images"
-        self.timer = SectionTimer()  # the step's parts, as the trainers time them (runtime/stragglers.py)
+        self.timer = SectionTimer()  # the step's parts, as the trainers time them (durations.py)
 
     def step(self):
         meter = SumMeter("train_loss", "train_top1")

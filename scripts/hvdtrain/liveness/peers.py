@@ -272,11 +272,13 @@ def shared_names(hosts, nodes):
     return {host: len(named) for host, named in nodes_named.items() if len(named) > 1}
 
 
-def start(rank, step=lambda: None):
-    """Every rank's heartbeat; collectives (the host names in, the listeners' addresses out)."""
-    node = this_node()
-    # Horovod: every rank learns every rank's host and node (a few bytes each), so all agree on the deputy.
-    hosts, nodes = map(list, zip(*hvd.allgather_object((this_host(), node), name="hvdtrain.peers.hosts")))
+def start(rank, hosts, nodes, step=lambda: None):
+    """Every rank's heartbeat; collective (the listeners' addresses out).
+
+    ``hosts``, ``nodes``: every rank's, in rank order (dist.init gathers them), the same on
+    every rank, so all agree on the deputy.
+    """
+    node = nodes[rank]
     if rank == 0:
         for host, count in shared_names(hosts, nodes).items():
             print(f"warning: {count} nodes report the host name {host} (cloned machines or containers?): "

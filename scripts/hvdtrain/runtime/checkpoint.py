@@ -35,10 +35,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-import horovod.torch as hvd
 
 from hvdtrain import durations, testhooks
-from hvdtrain.runtime import dist
+from hvdtrain.runtime import collectives
 from hvdtrain.errors import UsageError
 
 FORMAT = 2  # the layout below; earlier checkpoints cannot be resumed
@@ -46,7 +45,6 @@ _NAME = re.compile(r"^step-(\d+)\.pt$")
 CORRUPT_SUFFIX = ".corrupt"
 CHECKSUM_SUFFIX = ".sha256"
 # Tensors sent at once by the tensor-by-tensor fallback (Horovod fuses them).
-_BROADCAST_GROUP = 64
 
 
 def atomic_save(obj, path):
@@ -197,16 +195,6 @@ def load_init_checkpoint(path):
     return state
 
 
-class RngState:
-    """This rank's Python, NumPy, torch (and CUDA) generators as a component."""
-
-    def state_dict(self):
-        return dist.rng_state()
-
-    def load_state_dict(self, state):
-        dist.set_rng_state(state)
-
-
 @contextlib.contextmanager
 def around_save(parts):
     """The components' ``before_save()`` hooks (collective: every rank, in the same order), then,
@@ -249,7 +237,7 @@ class Checkpointer:
         one allreduce once the file is written. Inside ``around_save`` (see ``save``).
         """
         with durations.timed("gathering the ranks' checkpoint entries"):
-            ranks = dist.gather_object_to_root({name: part.state_dict() for name, part in self.per_rank.items()},
+            ranks = collectives.gather_object_to_root({name: part.state_dict() for name, part in self.per_rank.items()},
                                                name="checkpoint.ranks")  # every rank's entry, on rank 0
         with self.ctx.watchdog.phase("writing a checkpoint"):
             if self.ctx.is_main:
@@ -264,7 +252,7 @@ class Checkpointer:
             testhooks.checkpoint_writing(self.ctx.rank, step)  # test-only: a slow file system
             # The other ranks wait here, inside the phase, rather than in their
             # next collective, where the watchdog's short limit applies.
-            dist.all_ranks_true(True)
+            collectives.all_ranks_true(True)
 
     def restore(self, check=None):
         """Load the newest readable checkpoint into the components.
@@ -274,14 +262,14 @@ class Checkpointer:
         when there is no checkpoint; then rank 0's weights go to every rank.
         """
         with self.ctx.watchdog.phase("restoring a checkpoint"):
-            choice = dist.agree_on_errors(self._choose)
+            choice = collectives.agree_on_errors(self._choose)
             # Horovod: a few bytes (the file's name and size), never the checkpoint itself.
-            path, size = dist.broadcast_object(choice, root_rank=0, name="checkpoint.choice")
+            path, size = collectives.broadcast_object(choice, root_rank=0, name="checkpoint.choice")
             if path is None:
                 return None
             state = self._load_everywhere(Path(path), size)
             if check is not None:
-                dist.agree_on_errors(check, state)
+                collectives.agree_on_errors(check, state)
             for name, part in self.shared.items():
                 part.load_state_dict(state[name])
             mine = state["ranks"][self.ctx.rank] if len(state["ranks"]) == self.ctx.size else {}
@@ -316,11 +304,11 @@ class Checkpointer:
 
     def _load_everywhere(self, path, size):
         visible = path.is_file() and path.stat().st_size == size
-        if dist.all_ranks_true(visible):
-            return dist.agree_on_errors(_load_or_fail, path)
+        if collectives.all_ranks_true(visible):
+            return collectives.agree_on_errors(_load_or_fail, path)
         # Node-local output directories: rank 0 sends the checkpoint, tensor by tensor.
         self.ctx.print0(f"note: {path} is not visible on every rank; sending it from rank 0")
-        return broadcast_state(load(path) if self.ctx.is_main else None)
+        return collectives.broadcast_state(load(path) if self.ctx.is_main else None)
 
 
 def read(path):
@@ -352,57 +340,3 @@ def _load_or_fail(path):
         return load(path)
     except Exception as error:
         raise UsageError(f"cannot read checkpoint {path}: {error.__class__.__name__}") from None
-
-
-class _TensorSlot:
-    """Stands for one tensor in the skeleton that ``broadcast_state`` pickles."""
-
-    def __init__(self, index, shape, dtype):
-        self.index, self.shape, self.dtype = index, shape, dtype
-
-
-def broadcast_state(state, root_rank=0):
-    """Rank ``root_rank``'s nested state on every rank, with no pickle of its tensors.
-
-    Only the structure (keys, plain values, tensor shapes and dtypes) is pickled;
-    each tensor is then broadcast as raw bytes into a tensor allocated in place.
-    """
-    tensors = []
-
-    def strip(value):
-        if torch.is_tensor(value):
-            tensors.append(value)
-            return _TensorSlot(len(tensors) - 1, tuple(value.shape), str(value.dtype).split(".")[-1])
-        if isinstance(value, dict):
-            return {key: strip(item) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(strip(item) for item in value)
-        return value
-
-    skeleton = strip(state) if hvd.rank() == root_rank else None
-    skeleton = dist.broadcast_object(skeleton, root_rank=root_rank, name="checkpoint.skeleton")
-    slots = []
-
-    def fill(value):
-        if isinstance(value, _TensorSlot):
-            if hvd.rank() == root_rank:
-                tensor = tensors[value.index].contiguous()
-            else:
-                tensor = torch.empty(value.shape, dtype=getattr(torch, value.dtype))
-            slots.append(tensor)
-            return tensor
-        if isinstance(value, dict):
-            return {key: fill(item) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(fill(item) for item in value)
-        return value
-
-    result = fill(skeleton)
-    for start in range(0, len(slots), _BROADCAST_GROUP):
-        # Horovod: in-place broadcasts of each tensor's bytes (any dtype), a group at a time.
-        handles = [hvd.broadcast_async_(tensor.reshape(-1).view(torch.uint8), root_rank,
-                                        name=f"checkpoint.tensor.{start + i}")
-                   for i, tensor in enumerate(slots[start:start + _BROADCAST_GROUP]) if tensor.numel()]
-        for handle in handles:
-            hvd.synchronize(handle)
-    return result

@@ -4,19 +4,17 @@
     ctx.print0("only rank 0 prints this")
 """
 import os
-import pickle
-import random
 import socket
 import sys
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import horovod.torch as hvd
 
-from hvdtrain import cli, testhooks
+from hvdtrain import testhooks
 from hvdtrain.errors import UsageError
 from hvdtrain.liveness import failures, peers, watchdog as watchdog_module
+from hvdtrain.runtime.collectives import agree_on_errors
 
 # HOROVOD_CYCLE_TIME (ms) under the Gloo controller (horovodrun --gloo, --elastic) unless
 # set: Gloo negotiates over TCP every cycle, and at Horovod's 1 ms that costs the
@@ -94,15 +92,18 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
 
     # Horovod: one GPU per process (see cuda_device_index); a collective on every
     # rank, CUDA or not, so that a bad GPU layout stops all ranks with one line.
+    placement = None  # every rank's (host, node, GPU id), where the ranks gather it
     if elastic:  # alone: a worker joining a running job must make no collective before its sync
         index = _cuda_device_for_this_rank(use_cuda)
     else:
         index = agree_on_errors(_cuda_device_for_this_rank, use_cuda)
         if hvd.size() > 1:
-            # Horovod: which physical GPU each rank holds (none on a CPU): ranks that each see one GPU,
-            # the same one, would fail in NCCL's first collective, blaming a lost peer.
-            problem = shared_gpus(hvd.allgather_object((peers.this_host(), peers.this_node(), _gpu_id(index)),
-                                                       name="hvdtrain.dist.gpus"))
+            # Horovod: every rank's host, node and physical GPU (none on a CPU), a few bytes each.
+            # Ranks that each see one GPU, the same one, would fail in NCCL's first collective,
+            # blaming a lost peer; the heartbeat (peers.start) needs the hosts and nodes.
+            placement = hvd.allgather_object((peers.this_host(), peers.this_node(), _gpu_id(index)),
+                                             name="hvdtrain.dist.placement")
+            problem = shared_gpus(placement)
             if problem:
                 raise UsageError(problem, on_every_rank=True)
     if index is not None:
@@ -118,8 +119,9 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
         torch.set_num_threads(threads)
 
     watchdog = watchdog_module.from_env(hvd.rank())
-    if not elastic and hvd.size() > 1:  # who else is alive, so a hang can name the lost ranks and hosts
-        watchdog.peers = peers.start(hvd.rank(), step=lambda: watchdog.step_number)
+    if placement is not None:  # who else is alive, so a hang can name the lost ranks and hosts
+        hosts, nodes, _ = map(list, zip(*placement))
+        watchdog.peers = peers.start(hvd.rank(), hosts, nodes, step=lambda: watchdog.step_number)
         failures.set_peer_witness(watchdog.peers)  # a lost peer: one line, rank 0's, naming it
     return Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                    local_size=hvd.local_size(), device=device, watchdog=watchdog)
@@ -194,110 +196,6 @@ def to_sync_batchnorm(module):
     return module
 
 
-def seed_everything(seed):
-    """Seed Python, NumPy and torch the same way on every rank."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def agree_on_errors(check, *args, **kwargs):
-    """``cli.agree_on_errors`` over Horovod: all ranks exit with the same one-line error."""
-    return cli.agree_on_errors(_allgather_verdicts, check, *args, **kwargs)
-
-
-def _allgather_verdicts(message):
-    # Horovod: every rank's verdict. The name must be explicit: allgather_object
-    # defaults it to the object's type, so None on one rank and a message on
-    # another would be two different collectives and both ranks would wait forever.
-    return hvd.allgather_object(message, name="agree_on_errors")
-
-
-def all_ranks_true(flag):
-    """True when ``flag`` is true on every rank (one tiny allreduce)."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    return int(hvd.allreduce(value, op=hvd.Min, name="all_ranks_true").item()) == 1
-
-
-def any_rank_true(flag):
-    """True when ``flag`` is true on at least one rank (one tiny allreduce)."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    return int(hvd.allreduce(value, op=hvd.Max, name="any_rank_true").item()) == 1
-
-
-def ranks_where(flag):
-    """The ranks where ``flag`` is true, the same list on every rank (one tiny allgather)."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    return [rank for rank, bit in enumerate(hvd.allgather(value, name="ranks_where").tolist()) if bit]
-
-
-def rng_state():
-    """This rank's random-number-generator states, as tensors and plain values.
-
-    Plain types only, so that checkpoints load with ``weights_only=True``.
-    """
-    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
-                  "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
-        "python": _python_rng_to_plain(random.getstate()),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state):
-    torch.set_rng_state(state["torch"])
-    numpy_state = state["numpy"]
-    np.random.set_state(("MT19937", numpy_state["keys"].numpy().astype(np.uint32),
-                         numpy_state["pos"], numpy_state["has_gauss"], numpy_state["gauss"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def _python_rng_to_plain(python_state):
-    version, internal, gauss = python_state
-    return [version, list(internal), gauss]
-
-
-def gather_object_to_root(obj, name):
-    """Every rank's ``obj``, in rank order, on rank 0 (None on the other ranks).
-
-    hvd.allgather_object would send every rank's entry to every rank: at 512 ranks
-    each would receive and unpickle all 512 entries (per-rank checkpoint state,
-    tens of KB each) at every checkpoint. Horovod has no gather, but an alltoall in
-    which each rank sends all of its bytes to rank 0 and none to the others is one.
-    """
-    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    splits = torch.zeros(hvd.size(), dtype=torch.int32)
-    splits[0] = payload.numel()
-    received, sizes = hvd.alltoall(payload, splits=splits, name=name)  # Horovod
-    if hvd.rank() != 0:
-        return None
-    return [pickle.loads(piece.numpy().tobytes()) for piece in torch.split(received, sizes.tolist())]
-
-
-def broadcast_parameters(tensors, root_rank=0):
-    """Horovod: rank 0's tensors (a name -> tensor mapping) on every rank, in place, any layout.
-
-    Horovod moves only contiguous tensors ("Tensor is required to be contiguous"); a
-    channels_last convolution's weights (the default with CUDA) are not. Those go as
-    contiguous copies and are copied back; the others are broadcast in place, as
-    hvd.broadcast_parameters does.
-    """
-    staged = {name: (tensor, tensor if tensor.is_contiguous() else tensor.contiguous())
-              for name, tensor in dict(tensors).items()}
-    hvd.broadcast_parameters({name: sent for name, (_, sent) in staged.items()}, root_rank=root_rank)
-    with torch.no_grad():
-        for tensor, sent in staged.values():
-            if sent is not tensor:
-                tensor.copy_(sent)
-
-
 class _AnyLayout:
     """Horovod's gradient compression, for gradients of any memory layout.
 
@@ -320,11 +218,6 @@ class _AnyLayout:
 def gradient_compression(fp16):
     """Horovod: gradients sent as fp16 (--fp16-allreduce) or as they are, in any layout."""
     return _AnyLayout(hvd.Compression.fp16 if fp16 else hvd.Compression.none)
-
-
-def broadcast_object(obj, root_rank=0, name=None):
-    """Horovod: rank 0's object on every rank (pickled over the wire)."""
-    return hvd.broadcast_object(obj, root_rank=root_rank, name=name)
 
 
 def exit_quietly_on_interrupt():

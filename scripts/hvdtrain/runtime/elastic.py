@@ -9,7 +9,7 @@ train state and position; the per-rank ones too) as in-memory copies of their
 ``state_dict()``s. Every ``--elastic-commit-every`` steps and at each epoch's
 end they are committed (copied); when a worker dies, the survivors load the
 last commit; after every reset rank 0's state goes to every rank with tensor
-broadcasts (``checkpoint.broadcast_state``; never one pickle of the model).
+broadcasts (``collectives.broadcast_state``; never one pickle of the model).
 
 A worker that joins a running job starts the script from the top while the
 others wait in the sync; it must not make a collective before that sync (it
@@ -27,8 +27,7 @@ import horovod.torch as hvd
 from horovod.common.elastic import State
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
-from hvdtrain.runtime import dist
-from hvdtrain.runtime.checkpoint import broadcast_state
+from hvdtrain.runtime import collectives
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime.metrics import averages
 
@@ -43,7 +42,7 @@ def check_launcher(elastic):
 
 
 def agree_before_start(elastic, check, *args, **kwargs):
-    """``dist.agree_on_errors``, except under --elastic: each rank checks alone.
+    """``collectives.agree_on_errors``, except under --elastic: each rank checks alone.
 
     A worker admitted later runs this while the others are in the elastic sync;
     a collective here would never be matched. Every rank reads the same input,
@@ -51,7 +50,7 @@ def agree_before_start(elastic, check, *args, **kwargs):
     """
     if elastic:
         return check(*args, **kwargs)
-    return dist.agree_on_errors(check, *args, **kwargs)
+    return collectives.agree_on_errors(check, *args, **kwargs)
 
 
 class Commits(State):
@@ -113,7 +112,7 @@ class Commits(State):
         with self.ctx.watchdog.phase("synchronising the elastic state"):
             shared = self.checkpointer.shared
             mine = {"started": self.started, **{name: part.state_dict() for name, part in shared.items()}}
-            received = broadcast_state(mine if hvd.rank() == 0 else None, root_rank=0)
+            received = collectives.broadcast_state(mine if hvd.rank() == 0 else None, root_rank=0)
             if hvd.rank() != 0:
                 for name, part in shared.items():
                     part.load_state_dict(received[name])

@@ -32,7 +32,7 @@ import torch
 from hvdtrain import testhooks
 from hvdtrain.errors import NONFINITE_EXIT, UsageError
 from hvdtrain.liveness import peers
-from hvdtrain.runtime import dist
+from hvdtrain.runtime import collectives
 
 class NonFiniteGuard:
     """Watches a step's losses on this rank; ``skip_step()`` is the ranks' joint verdict."""
@@ -69,10 +69,10 @@ class NonFiniteGuard:
         """
         finite, self.finite = bool(self.finite), True
         # Not an allgather on every step: N flags to every rank, every step, at N ranks.
-        if not dist.any_rank_true(not finite):
+        if not collectives.any_rank_true(not finite):
             self.in_a_row = 0
             return False
-        ranks = dist.ranks_where(not finite)
+        ranks = collectives.ranks_where(not finite)
         self.in_a_row += 1
         where = f"non-finite loss (NaN or Inf) at step {self.step} on {peers.rank_list(ranks)}"
         if not can_skip:

@@ -28,7 +28,7 @@ import horovod.torch as hvd
 
 from hvdtrain import cli, durations, testhooks
 from hvdtrain.liveness import failures
-from hvdtrain.runtime import dist, elastic, nonfinite, settings as settings_module, stragglers
+from hvdtrain.runtime import collectives, elastic, nonfinite, settings as settings_module, stragglers
 from hvdtrain.runtime import checkpoint
 from hvdtrain.runtime.cadence import CheckpointManager
 from hvdtrain.runtime.checkpoint import clear_run_outputs
@@ -121,7 +121,7 @@ class Run:
 
     def start(self):
         """Lock --output-dir, restore from it (or clear it), then open the log; collective."""
-        dist.agree_on_errors(self._lock_output_dir)
+        collectives.agree_on_errors(self._lock_output_dir)
         if not self.settings.resume and self.ctx.is_main:
             clear_run_outputs(self.settings.output_dir)
         adjusted = []
@@ -140,7 +140,7 @@ class Run:
                             f"{time.perf_counter() - started:.1f} s (rank 0 peak RSS so far {peak:.2f} GiB)")
         else:
             # Horovod: every rank starts from rank 0's weights (the optimizer state is still empty).
-            dist.broadcast_parameters(self.checkpointer.shared["model"].state_dict(), root_rank=0)
+            collectives.broadcast_parameters(self.checkpointer.shared["model"].state_dict(), root_rank=0)
         self.log = self._open_log()
         return restored
 
@@ -286,7 +286,7 @@ def finished_before_start(ctx, settings, results_name="results.json"):
         except Exception:  # noqa: BLE001 - the restore in Run.start says what it is
             step = None
     # Horovod: rank 0's answer, the finished step or None, to every rank
-    step = dist.broadcast_object(step, root_rank=0, name="run.finished_before_start")
+    step = collectives.broadcast_object(step, root_rank=0, name="run.finished_before_start")
     if step is not None:
         ctx.print0(finished_line(settings.output_dir, step, results_name))
     return step is not None

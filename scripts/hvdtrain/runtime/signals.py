@@ -16,7 +16,7 @@ from multiprocessing import forkserver, resource_tracker
 
 import horovod.torch as hvd
 
-from hvdtrain.runtime import dist
+from hvdtrain.runtime import collectives
 
 
 # Signals a launcher or Slurm sends to every process of a rank. A DataLoader
@@ -40,7 +40,7 @@ class StopRequest:
 
     def should_stop(self):
         """Collective: True on every rank once any rank has been signalled."""
-        return dist.any_rank_true(self.received is not None)
+        return collectives.any_rank_true(self.received is not None)
 
     def describe(self):
         """Collective: which signal reached which rank, e.g. "SIGUSR1 (rank 1)"."""

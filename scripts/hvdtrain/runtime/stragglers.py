@@ -18,20 +18,18 @@ A difference under 5 % of a step is noise, not a straggler: every score adds
 that much to both times, so a section of microseconds cannot score 0.1.
 """
 import statistics
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import horovod.torch as hvd
 
+from hvdtrain.durations import SECTIONS, SectionTimer
 from hvdtrain.errors import STRAGGLER_EXIT, UsageError
 from hvdtrain.liveness import peers
 from hvdtrain.runtime.metrics import WARMUP_STEPS
 from hvdtrain.launch.hosts import EXCLUDED_HOSTS_VAR  # noqa: F401 (EXCLUDED_HOSTS_VAR: stragglers.EXCLUDED_HOSTS_VAR)
 
-SECTIONS = ("data", "compute", "comm", "optimizer")
 BUSY = ("data", "compute", "optimizer")  # the rank's own work; comm is mostly waiting for others
 NOISE_FRACTION = 0.05  # of the median step time, added to both sides of every score
 STRAGGLER_FILE_VAR = "HVDTRAIN_STRAGGLER_FILE"  # rank 0 writes the straggler's host there (slurm/common.sh)
@@ -43,41 +41,6 @@ def check_settings(settings, env):
         raise UsageError(f"--straggler-action exclude needs --elastic and {EXCLUDED_HOSTS_VAR}=FILE in "
                          "horovodrun's environment (scripts/discover_hosts.py leaves the hosts in FILE out)",
                          on_every_rank=True)
-
-
-class SectionTimer:
-    """Seconds this rank spent in each part of its steps since the last reset."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self):
-        self.seconds = dict.fromkeys(SECTIONS, 0.0)
-        self.steps = 0
-
-    @contextmanager
-    def section(self, name):
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] += time.perf_counter() - started
-
-    def timed(self, iterable, name="data"):
-        """``iterable``'s items, the time waiting for each counted in ``name``."""
-        iterator = iter(iterable)
-        while True:
-            started = time.perf_counter()
-            try:
-                item = next(iterator)
-            except StopIteration:
-                return
-            finally:
-                self.seconds[name] += time.perf_counter() - started
-            yield item
-
-
-UNTIMED = SectionTimer()  # for callers that time nothing (the benchmark's plain loops)
 
 
 @dataclass

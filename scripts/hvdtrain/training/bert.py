@@ -15,11 +15,11 @@ import torch
 from hvdtrain.data import bert_data, bert_elastic
 from hvdtrain.errors import UsageError
 from hvdtrain.models import bert as bert_models
-from hvdtrain.runtime import dist
+from hvdtrain.runtime import collectives
 from hvdtrain.runtime.metrics import rate_text, total_throughput
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
-from hvdtrain.runtime.stragglers import UNTIMED
+from hvdtrain.durations import UNTIMED
 from hvdtrain.training import optim
 
 
@@ -88,7 +88,7 @@ class Trainer:
         """One optimizer update over the micro-batches in ``batch``; returns the sequences trained.
 
         ``guard``: a nonfinite.NonFiniteGuard (a NaN/Inf loss skips the update
-        on every rank, or stops the run); ``timer``: a stragglers.SectionTimer
+        on every rank, or stops the run); ``timer``: a durations.SectionTimer
         (``batch`` is read lazily: waiting for it is "data").
         """
         sequences = tokens = 0
@@ -216,7 +216,7 @@ def finish(run, tokens, model, metadata):
             tokenizer = bert_data.load_tokenizer(run.settings.data, metadata)
             summary["export_dir"] = str(bert_models.export(model, tokenizer, run.settings.export_dir))
             run.log.info(f"exported a Hugging Face model to {run.settings.export_dir}")
-        dist.all_ranks_true(True)  # the other ranks wait here, inside the phase
+        collectives.all_ranks_true(True)  # the other ranks wait here, inside the phase
     run.write_results(summary)
     run.log.info(f"finished at step {run.state.step}: {rate_text(summary['sequences_per_sec'], 'sequences')}, "
                  f"{rate_text(summary['tokens_per_sec'], 'tokens', 0)} on {run.ctx.size} rank(s)")

@@ -24,7 +24,7 @@ from hvdtrain.runtime import consistency, dist, elastic, precision
 from hvdtrain.runtime.metrics import SumMeter, topk_correct
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
-from hvdtrain.runtime.stragglers import UNTIMED
+from hvdtrain.durations import UNTIMED
 from hvdtrain.training import loaders, optim
 
 
@@ -146,7 +146,7 @@ class Trainer:
         """One optimizer step on ``batch`` = (images, targets); returns the samples trained.
 
         ``guard``: a nonfinite.NonFiniteGuard (skips or stops on NaN/Inf);
-        ``timer``: a stragglers.SectionTimer (compute, comm, optimizer).
+        ``timer``: a durations.SectionTimer (compute, comm, optimizer).
         """
         with timer.section("compute"):
             images_batch, targets = self.to_device(*batch)

@@ -5,7 +5,7 @@ from contextlib import nullcontext
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from hvdtrain.runtime.stragglers import UNTIMED
+from hvdtrain.durations import UNTIMED
 
 
 
