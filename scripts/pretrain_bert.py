@@ -80,6 +80,9 @@ def parse_args(argv=None):
     if args.balance and (args.elastic or not args.straggler_interval):
         raise UsageError("--balance needs the ranks' timings (--straggler-interval > 0) and a fixed world: "
                          "not with --elastic")
+    if args.global_batch and not args.elastic:
+        raise UsageError("--global-batch keeps a step's instances fixed across resizes: it needs --elastic "
+                         "(without it the global batch is --batch-size x --accumulation-steps x workers)")
     return args
 
 if __name__ == "__main__":
@@ -102,13 +105,11 @@ from hvdtrain.training.bert import BertSettings
 
 
 def load_setup(args, ctx):
-    """Every check made before training, run on every rank (see collectives.agree_on_errors).
+    """The checks of the data and of --init-checkpoint, run on every rank (collectives.agree_on_errors);
+    whether a step fits the data at this size is bert.training_data's.
 
     Returns (metadata, BertConfig, init-checkpoint state or None).
     """
-    if args.global_batch and not args.elastic:
-        raise UsageError("--global-batch keeps a step's instances fixed across resizes: it needs --elastic "
-                         "(without it the global batch is --batch-size x --accumulation-steps x workers)")
     metadata = bert_data.read_metadata(args.data)
     length = metadata["max_seq_length"]
     if args.max_seq_length is not None and args.max_seq_length != length:
@@ -117,17 +118,6 @@ def load_setup(args, ctx):
     bert_data.check_tokenizer(args.data, metadata)
     for entry in metadata["shards"][ctx.rank::ctx.size]:  # each rank opens a share of the files
         bert_data.check_shard(args.data, entry, metadata)
-    data = bert_data.PretrainingData(args.data, metadata, ctx.rank, ctx.size, args.seed,
-                                     args.batch_size, args.accumulation_steps, binned=not args.no_binning)
-    if args.global_batch:  # one step of the global order at this size
-        data = bert_elastic.ElasticPretrainingData(args.data, metadata, ctx.rank, ctx.size, args.seed,
-                                                   args.batch_size, args.accumulation_steps, bert_elastic.BinPosition(),
-                                                   binned=not args.no_binning, global_batch=args.global_batch)
-    if data.steps_in_epoch(0) == 0:
-        what = (f"--global-batch {args.global_batch} (at least {args.accumulation_steps} sequences per rank)"
-                if args.global_batch else f"{args.batch_size} x {args.accumulation_steps} sequences on each")
-        raise UsageError(f"{metadata['num_instances']} instances in {args.data} are not enough for one step "
-                         f"of {what} of {ctx.size} ranks")
     init = None
     if args.init_checkpoint is not None:
         init = checkpoint.load_init_checkpoint(args.init_checkpoint)
@@ -199,6 +189,12 @@ def main(argv=None):
     # Horovod: rank 0 finds this run finished in --output-dir (a relaunch): said, no model built
     if finished_before_start(ctx, settings):
         return
+    # --elastic and --balance: the epoch's global position (--balance: and the ranks' shares of each step)
+    position = bert_elastic.BinPosition() if settings.elastic or settings.balance else None
+    shares = balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps) if settings.balance else None
+    # Horovod: rank r reads its own share of each epoch's shards (--elastic, --balance: its slice
+    # of each step's instances); one step at least at this size, or one line on every rank
+    data = agree(bert.training_data, settings, metadata, ctx, position, shares)
     rng.seed_everything(settings.seed)  # the same initial weights on every rank
     model, objective = bert.build_model(settings, ctx, config)
     # Horovod: gradients are averaged by allreduce once per update, after the last of its
@@ -221,11 +217,8 @@ def main(argv=None):
 
     meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
     state, components = bert.BertState(), trainer.components()
-    # --elastic and --balance: the epoch's global position (--balance: and the ranks' shares of each step)
-    position = bert_elastic.BinPosition() if settings.elastic or settings.balance else None
     if position is not None:
         components["bert_position"] = position
-    shares = balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps) if settings.balance else None
     if shares is not None:
         components["balance"] = shares
     # What a checkpoint holds: the same on every rank, each rank's own (its RNG, its metric sums),
@@ -238,10 +231,10 @@ def main(argv=None):
     run = Run(ctx, settings, state, checkpointer, settings.steps, stop_request)
     # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
     # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
-    run.launch(lambda: train(run, trainer, meter, (metadata, config, init), position, shares))
+    run.launch(lambda: train(run, trainer, meter, (metadata, config, init), data, position, shares))
 
 
-def train(run, trainer, meter, setup, position=None, shares=None):
+def train(run, trainer, meter, setup, data, position=None, shares=None):
     """The steps left, in the current world; --elastic enters again after every reset."""
     settings, state, ctx = run.settings, run.state, run.ctx
     metadata, config, init = setup
@@ -253,9 +246,8 @@ def train(run, trainer, meter, setup, position=None, shares=None):
         return run.already_finished()
     if run.stop_after_already_reached():
         return
-    # Horovod: rank r reads its own share of each epoch's shards
-    # (--elastic, --balance: its slice of each step's instances)
-    data = bert.training_data(settings, metadata, ctx, position, shares and shares.shares)
+    if settings.elastic:  # after a reset: this rank's slices in the new world
+        data = bert.training_data(settings, metadata, ctx, position)
     if settings.elastic and data.resumed_mid_epoch(state.epoch):
         ctx.print0(f"elastic: {data.resumed_mid_epoch(state.epoch)} at {ctx.size} rank(s)")
     run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "

@@ -215,6 +215,7 @@ def test_bad_inputs_single_process(data_dir, tmp_path):
         (["--data", data_dir, "--model", "huge"], ["unknown model preset 'huge'"]),
         (["--data", data_dir, "--model", "tiny", "--max-seq-length", "128"], ["max_seq_length 64", "128"]),
         (["--data", data_dir, "--config", tmp_path / "config.json"], ["vocab_size 999", "4000"]),
+        (["--data", data_dir, "--model", "tiny", "--batch-size", "100000"], ["not enough for one step"]),
         (["--data", shards_with_another_vocabulary(data_dir, tmp_path / "retokenized"), "--model", "tiny"],
          ["is not the vocabulary the shards were made with"]),
     ]

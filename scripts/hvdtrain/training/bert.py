@@ -154,18 +154,26 @@ def build_schedule(settings, optimizer):
 def training_data(settings, metadata, ctx, position=None, shares=None):
     """This rank's batches in the current world: its own share of each epoch's shards, or under
     --elastic or --balance (``position``, a bert_elastic.BinPosition) its slices of the epoch's
-    global order (``shares``: --balance's instances per rank, a balance.Shares' list)."""
+    global order (``shares``: --balance's balance.Shares). UsageError where not one step fits."""
     args = (settings.data, metadata, ctx.rank, ctx.size, settings.seed, settings.batch_size,
             settings.accumulation_steps)
     kwargs = dict(mlm_probability=settings.mlm_probability, binned=not settings.no_binning,
                   reading=lambda: ctx.watchdog.phase("reading a shard"))
-    if position is None:
-        return bert_data.PretrainingData(*args, **kwargs)
     if settings.global_batch and settings.global_batch < ctx.size * settings.accumulation_steps:
         raise UsageError(f"--global-batch {settings.global_batch} leaves ranks of the {ctx.size} without a "
                          f"sequence for each of {settings.accumulation_steps} micro-batches")
-    return bert_elastic.ElasticPretrainingData(*args, position, global_batch=settings.global_batch, shares=shares,
-                                               **kwargs)
+    if position is None:
+        data = bert_data.PretrainingData(*args, **kwargs)
+    else:
+        data = bert_elastic.ElasticPretrainingData(*args, position, global_batch=settings.global_batch,
+                                                   shares=shares and shares.shares, **kwargs)
+    if data.steps_in_epoch(0) == 0:  # a whole epoch at this size (or epoch 0's steps trained and left)
+        what = (f"--global-batch {settings.global_batch} (at least {settings.accumulation_steps} sequences per "
+                "rank)" if settings.global_batch else
+                f"{settings.batch_size} x {settings.accumulation_steps} sequences on each")
+        raise UsageError(f"{metadata['num_instances']} instances in {settings.data} are not enough for one step "
+                         f"of {what} of {ctx.size} ranks")
+    return data
 
 
 def global_batch(settings, size):
