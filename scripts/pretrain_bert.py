@@ -229,8 +229,8 @@ def main(argv=None):
                                            extra={"bert_config": model.config.to_dict(),
                                                   "vocab_sha256": metadata["vocab_sha256"]})
     run = Run(ctx, settings, state, checkpointer, settings.steps, stop_request)
-    # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
-    # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
+    # Horovod: every rank restores the checkpoint (or train() broadcasts rank 0's weights); under
+    # --elastic inside hvd.elastic.run, which syncs rank 0's state and calls train() again after a reset.
     run.launch(lambda: train(run, trainer, meter, (metadata, config, init), data, position, shares))
 
 
@@ -238,6 +238,9 @@ def train(run, trainer, meter, setup, data, position=None, shares=None):
     """The steps left, in the current world; --elastic enters again after every reset."""
     settings, state, ctx = run.settings, run.state, run.ctx
     metadata, config, init = setup
+    if run.take_fresh_start():
+        # Horovod: every rank starts from rank 0's initial weights (the optimizer state is still empty)
+        collectives.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
     if run.resumed:
         ctx.print0(f"resumed from {settings.output_dir} at step {state.step}")
     elif init is not None:

@@ -81,7 +81,7 @@ import horovod.torch as hvd
 
 from hvdtrain.data import images
 from hvdtrain.errors import UsageError
-from hvdtrain.runtime import consistency, dist, elastic, horovod_profile, precision, rng, signals
+from hvdtrain.runtime import collectives, consistency, dist, elastic, horovod_profile, precision, rng, signals
 from hvdtrain.runtime.checkpoint import Checkpointer
 from hvdtrain.runtime.metrics import SumMeter, rate_text, total_throughput
 from hvdtrain.runtime.run import Run
@@ -168,14 +168,17 @@ def main():
                                 per_rank={"rng": rng.RngState(), "meter": meter,
                                           "batchnorm": batchnorm.RankStatistics(trainer.model)})
     run = Run(ctx, settings, state, checkpointer, settings.epochs * steps_per_epoch, stop_request)
-    # Horovod: rank 0's initial weights to every rank (hvd.broadcast_parameters), or every rank
-    # restores the checkpoint; under --elastic inside hvd.elastic.run, train() again after a reset.
+    # Horovod: every rank restores the checkpoint (or train() broadcasts rank 0's weights); under
+    # --elastic inside hvd.elastic.run, which syncs rank 0's state and calls train() again after a reset.
     run.launch(lambda: train(run, trainer, (train_set, val_set), meter, position, shares))
 
 
 def train(run, trainer, datasets, meter, position=None, shares=None):
     """The epochs left, in the current world; --elastic enters again after every reset."""
     settings, state, ctx = run.settings, run.state, run.ctx
+    if run.take_fresh_start():
+        # Horovod: every rank starts from rank 0's initial weights (the optimizer state is still empty)
+        collectives.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
     if state.epoch >= settings.epochs:
         return run.already_finished()
     if run.stop_after_already_reached():

@@ -77,6 +77,7 @@ class Run:
         self.throughput = Throughput()
         self.log = None
         self.resumed = False
+        self._fresh_start = False  # start() restored nothing: see take_fresh_start
         # The trainers pass it to optim.finish_step; it reports through the log, open after start().
         self.nonfinite = nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state,
                                                                say=lambda line: self.log.info(line))
@@ -138,11 +139,16 @@ class Run:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
             self.ctx.print0(f"restored step {self.state.step} from {self.settings.output_dir} in "
                             f"{time.perf_counter() - started:.1f} s (rank 0 peak RSS so far {peak:.2f} GiB)")
-        else:
-            # Horovod: every rank starts from rank 0's weights (the optimizer state is still empty).
-            collectives.broadcast_parameters(self.checkpointer.shared["model"].state_dict(), root_rank=0)
+        self._fresh_start = not self.resumed
         self.log = self._open_log()
         return restored
+
+    def take_fresh_start(self):
+        """True once, in the first ``train()`` of a run that restored no checkpoint: the trainer then
+        broadcasts rank 0's initial weights. A restore gave every rank the checkpoint's, and after an
+        --elastic reset the sync gives every rank rank 0's state."""
+        fresh, self._fresh_start = self._fresh_start, False
+        return fresh
 
     def _open_log(self):
         """The log, written on from the restored state: its rows of later steps are dropped."""
