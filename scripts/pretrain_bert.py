@@ -265,8 +265,9 @@ def train(run, trainer, meter, setup, data, position=None, shares=None):
             continue
         if data.epoch != state.epoch:
             with ctx.watchdog.phase("loading this rank's first shard of the epoch"):
-                # A damaged shard on one rank: one line and exit 2 on every rank.
-                # Later shards are read (and checked) as the epoch goes, one ahead.
+                # Horovod: every rank's verdict on its first shard, one allgather_object: a damaged
+                # shard on one rank is one line and exit 2 on every rank. Later shards are read (and
+                # checked) as the epoch goes, one ahead.
                 collectives.agree_on_errors(data.start_epoch, state.epoch, state.step_in_epoch)
         first_compiled = settings.compile and not tokens.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():

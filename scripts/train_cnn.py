@@ -224,6 +224,7 @@ def train_epoch(run, trainer, data, meter, position=None, shares=None):
     sampler.set_epoch(state.epoch, position.samples if position else state.step_in_epoch)
     if position is not None and not sampler.steps:
         # The world grew just before the epoch's end: what is left is too few samples to split.
+        # Horovod: the epoch's end as after its last step (end_epoch's allreduces, then after_step's)
         is_best = end_epoch(run, trainer, val_loader, meter, position)
         run.checkpoints.after_step(epoch_end=True, is_best=is_best)
         return None
@@ -246,6 +247,7 @@ def train_epoch(run, trainer, data, meter, position=None, shares=None):
         reason = run.step_done(samples)
         rebalanced = run.rebalance(shares, "samples")  # --balance: new shares, saved below
         epoch_end = bounds == last_bounds if position else state.step_in_epoch == sampler.batches_per_epoch
+        # Horovod: at the epoch's end, the rates', metrics' and BatchNorm statistics' allreduces (end_epoch)
         is_best = end_epoch(run, trainer, val_loader, meter, position) if epoch_end else False
         # Horovod: when one is due, the checkpoint's collectives and --elastic's commit
         # (CheckpointManager.after_step lists them): every --checkpoint-every and
