@@ -226,7 +226,7 @@ def train_epoch(run, trainer, data, meter, position=None, shares=None):
         # The world grew just before the epoch's end: what is left is too few samples to split.
         # Horovod: the epoch's end as after its last step (end_epoch's allreduces, then after_step's)
         is_best = end_epoch(run, trainer, val_loader, meter, position)
-        run.checkpoints.after_step(epoch_end=True, is_best=is_best)
+        run.checkpoints.after_step(epoch_end=True, is_best=is_best, last=state.epoch == settings.epochs)
         return None
     with run.ctx.watchdog.phase("starting the data loader"):  # worker processes import torch
         batches = iter(loader)
@@ -252,7 +252,8 @@ def train_epoch(run, trainer, data, meter, position=None, shares=None):
         # Horovod: when one is due, the checkpoint's collectives and --elastic's commit
         # (CheckpointManager.after_step lists them): every --checkpoint-every and
         # --elastic-commit-every steps, at the epoch's end, before a stop
-        run.checkpoints.after_step(epoch_end=epoch_end, is_best=is_best, stopping=reason is not None)
+        run.checkpoints.after_step(epoch_end=epoch_end, is_best=is_best, stopping=reason is not None,
+                                   last=state.epoch == settings.epochs)
         if reason or epoch_end or rebalanced:  # rebalanced: a new split, so a new sampler
             return reason
     return None

@@ -316,3 +316,52 @@ def test_the_option_lists_name_the_models_that_exist():
     assert sorted(options.CNN_MODELS) == sorted(resnet.MODELS)
     assert sorted(bench_options.CNN_MODELS) == sorted(resnet.MODELS)
     assert bert.PRESETS is options.BERT_PRESETS
+
+
+class _Recorder:
+    """What a CheckpointManager asked of its parts, in order: hooks, commits, checkpoint files."""
+
+    def __init__(self, commit_every):
+        self.did, self.commit_every = [], commit_every
+
+    def parts(self):  # the checkpointer's components: one, with save hooks
+        return [SimpleNamespace(before_save=lambda: self.did.append("hooks"), after_save=lambda: None)]
+
+    def write(self, step, settings, is_best=False):
+        self.did.append(f"checkpoint {step}" + (" best" if is_best else ""))
+
+    def due(self, step):
+        return step % self.commit_every == 0
+
+    def save(self):
+        self.did.append("commit")
+
+    def check_host_updates(self):
+        self.did.append("hosts?")
+
+
+@pytest.mark.parametrize("elastic", [False, True], ids=["plain", "elastic"])
+def test_the_checkpoint_manager_saves_at_its_cadence_and_commits_only_while_the_run_goes_on(elastic):
+    """One call after every step (CheckpointManager.after_step): checkpoints every --checkpoint-every
+    steps, at an epoch's end, the schedule's end and a stop; --elastic commits every
+    --elastic-commit-every steps and at an epoch's end, the save hooks once for both, the copy before
+    the file, the host check after it. No commit at a stop or at the schedule's end: its host check
+    may reset the world, and the reset world would find the run finished and never write its results."""
+    from hvdtrain.runtime.cadence import CheckpointManager
+    recorder, state = _Recorder(commit_every=2), SimpleNamespace(step=0)
+    manager = CheckpointManager(recorder, SimpleNamespace(checkpoint_every=3), state,
+                                commits=recorder if elastic else None)
+    steps = {1: {}, 2: {}, 3: {}, 4: {"epoch_end": True, "is_best": True}, 5: {"stopping": True},
+             6: {"last": True, "epoch_end": True}}
+    done = []
+    for step, kind in steps.items():
+        state.step, recorder.did = step, []
+        manager.after_step(**kind)
+        done.append(recorder.did)
+    if elastic:
+        assert done == [[], ["hooks", "commit", "hosts?"], ["hooks", "checkpoint 3"],
+                        ["hooks", "commit", "checkpoint 4 best", "hosts?"], ["hooks", "checkpoint 5"],
+                        ["hooks", "checkpoint 6"]]
+    else:
+        assert done == [[], [], ["hooks", "checkpoint 3"], ["hooks", "checkpoint 4 best"], ["hooks", "checkpoint 5"],
+                        ["hooks", "checkpoint 6"]]

@@ -26,8 +26,8 @@ class CheckpointManager:
     def after_step(self, epoch_end=False, is_best=False, last=False, stopping=False):
         """Save what the cadence asks for after the step just trained (and, at an epoch's end, evaluated).
 
-        ``epoch_end``: the step ended an epoch; ``last``: the schedule; ``stopping``: this launch
-        stops after it; ``is_best``: best.pt is this checkpoint too.
+        ``epoch_end``: the step ended an epoch; ``last``: the schedule (the last epoch's end too);
+        ``stopping``: this launch stops after it; ``is_best``: best.pt is this checkpoint too.
 
         Collective, the same on every rank, on the steps that save something: the components'
         ``before_save`` hooks (checkpoint.around_save: --elastic, the train sums' allreduce; the CNN,
@@ -37,8 +37,9 @@ class CheckpointManager:
         HostsUpdatedInterrupt when hosts were added or removed (hvd.elastic.run re-forms the world).
         """
         step, every = self.state.step, self.settings.checkpoint_every
-        # A launch that stops leaves no commit behind: its checkpoint is what the relaunch reads.
-        commit = self.commits is not None and not stopping and (epoch_end or self.commits.due(step))
+        # No commit when this launch ends (its checkpoint is what a relaunch reads): the commit's
+        # host check may reset the world, which would find the run finished and write no results.
+        commit = self.commits is not None and not (stopping or last) and (epoch_end or self.commits.due(step))
         checkpoint = epoch_end or last or stopping or bool(every and step % every == 0)
         if not (commit or checkpoint):
             return
