@@ -62,9 +62,10 @@ def parse_args(argv=None):
     device.add_argument("--compile", action="store_true", help="torch.compile the encoder")
     options.add_elastic_arguments(device, commit_every=10)
     device.add_argument("--global-batch", type=cli.positive_int, metavar="N",
-                        help="--elastic: N instances per step at every world size, split among the workers "
-                             "(the optimisation does not change with a resize); default: batch x accumulation "
-                             "x workers")
+                        help="N instances per step at every world size, split among the workers: the "
+                             "optimisation does not change when the run resumes on another number of workers or "
+                             "an --elastic job resizes, and a resume on another number goes on mid-epoch; "
+                             "default: batch x accumulation x workers")
     device.add_argument("--balance", action="store_true",
                         help="split each step's instances among the ranks by their measured speed, re-split "
                              "every --straggler-interval steps (heterogeneous workers)")
@@ -77,12 +78,9 @@ def parse_args(argv=None):
     args.lr = args.lr or (6e-3 if args.optimizer == "lamb" else 1e-3)
     if args.lamb_nvlamb and args.optimizer != "lamb":
         parser.error("--lamb-nvlamb only applies to --optimizer lamb")
-    if args.balance and (args.elastic or not args.straggler_interval):
-        raise UsageError("--balance needs the ranks' timings (--straggler-interval > 0) and a fixed world: "
-                         "not with --elastic")
-    if args.global_batch and not args.elastic:
-        raise UsageError("--global-batch keeps a step's instances fixed across resizes: it needs --elastic "
-                         "(without it the global batch is --batch-size x --accumulation-steps x workers)")
+    if args.balance and (args.elastic or args.global_batch or not args.straggler_interval):
+        raise UsageError("--balance needs the ranks' timings (--straggler-interval > 0) and a fixed world and "
+                         "global batch: not with --elastic or --global-batch")
     return args
 
 if __name__ == "__main__":
@@ -189,8 +187,9 @@ def main(argv=None):
     # Horovod: rank 0 finds this run finished in --output-dir (a relaunch): said, no model built
     if finished_before_start(ctx, settings):
         return
-    # --elastic and --balance: the epoch's global position (--balance: and the ranks' shares of each step)
-    position = bert_elastic.BinPosition() if settings.elastic or settings.balance else None
+    # --elastic, --global-batch and --balance: the epoch's global position (--balance: and the ranks'
+    # shares of each step), valid at any world size
+    position = bert_elastic.BinPosition() if settings.global_position or settings.balance else None
     shares = balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps) if settings.balance else None
     # Horovod: rank r reads its own share of each epoch's shards (--elastic, --balance: its slice
     # of each step's instances); one step at least at this size, or one line on every rank
@@ -225,7 +224,7 @@ def main(argv=None):
     # and what --init-checkpoint and the export read (the model's configuration, the vocabulary's hash).
     checkpointer = checkpoint.Checkpointer(ctx, settings.output_dir, keep=settings.keep_checkpoints,
                                            shared={**components, "train_state": state},
-                                           per_rank={"rng": rng.RngState(), "meter": meter},
+                                           per_rank={"rng": rng.RngState(settings.seed), "meter": meter},
                                            extra={"bert_config": model.config.to_dict(),
                                                   "vocab_sha256": metadata["vocab_sha256"]})
     run = Run(ctx, settings, state, checkpointer, settings.steps, stop_request)

@@ -65,9 +65,10 @@ def parse_args(argv=None):
                               "re-split every --straggler-interval steps (heterogeneous workers)")
     options.add_elastic_arguments(horovod, commit_every=20)
     horovod.add_argument("--global-batch", type=cli.positive_int, metavar="N",
-                         help="--elastic: N samples per step at every world size (each rank's batch is N / "
-                              "workers; the LR and the optimisation do not change with a resize); default: "
-                              "--batch-size x workers, the LR scaled with them")
+                         help="N samples per step at every world size (each rank's batch is N / workers): the "
+                              "LR and the optimisation do not change when the run resumes on another number of "
+                              "workers or an --elastic job resizes; default: --batch-size x workers, the LR "
+                              "scaled with them")
     return parser.parse_args(argv)
 
 if __name__ == "__main__":
@@ -100,7 +101,7 @@ def load_data(args, ctx, workers):
     if shard == 0:
         raise UsageError(f"more workers than training samples: {ctx.size} workers, "
                          f"{len(train_set)} samples")
-    if shard < args.batch_size * args.accumulation_steps:
+    if not args.global_batch and shard < args.batch_size * args.accumulation_steps:
         raise UsageError(f"not enough training samples: {len(train_set)} samples over {ctx.size} workers "
                          f"leave {shard} per worker, fewer than one batch of "
                          f"{args.batch_size * args.accumulation_steps}")
@@ -133,7 +134,6 @@ def main():
         # Horovod: the same job on every rank (settings and data), or one line naming the difference
         consistency.check_ranks_agree(settings, cnn.data_facts(settings, train_set, val_set))
 
-    steps_per_epoch = len(train_set) // (ctx.size * settings.step_batch)
     model = cnn.build_model(settings, ctx, num_classes, channels)
     # Horovod: gradients are averaged by allreduce during backward, every `accumulation_steps`
     # backward passes (or combined by Adasum; with --balance or --global-batch ranks hold
@@ -146,8 +146,9 @@ def main():
         backward_passes_per_step=settings.accumulation_steps,
         op=hvd.Adasum if settings.use_adasum else hvd.Sum if summed else hvd.Average,
         gradient_predivide_factor=settings.gradient_predivide_factor)
-    # --elastic: the LR schedule counts samples, whose number per epoch no world size changes.
-    scheduler = cnn.build_schedule(settings, optimizer, len(train_set) if settings.elastic else steps_per_epoch)
+    # --elastic, --global-batch: the LR schedule counts samples, whose number per epoch no world size changes.
+    steps_per_epoch = cnn.steps_per_epoch(settings, ctx.size, len(train_set))
+    scheduler = cnn.build_schedule(settings, optimizer, len(train_set) if settings.global_position else steps_per_epoch)
     trainer = cnn.Trainer(model, optimizer, scheduler, precision.scaler(settings.precision, ctx.device),
                           torch.nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing), ctx.device,
                           settings.precision, settings.channels_last, settings.accumulation_steps, settings.use_adasum,
@@ -155,7 +156,8 @@ def main():
 
     meter = SumMeter("train_loss", "train_top1")
     state, components = cnn.CnnState(), trainer.components()
-    position = elastic.ElasticPosition(meter) if settings.elastic else None  # folds meter's sums at every save
+    # --elastic, --global-batch: the epoch's position in samples; folds the meter's sums at every save
+    position = elastic.ElasticPosition(meter) if settings.global_position else None
     if position is not None:
         components["elastic_position"] = position
     shares = balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps) if settings.balance else None
@@ -165,7 +167,7 @@ def main():
     # sums, its BatchNorm statistics: their average is what the model holds).
     checkpointer = Checkpointer(ctx, settings.output_dir, keep=settings.keep_checkpoints,
                                 shared={**components, "train_state": state},
-                                per_rank={"rng": rng.RngState(), "meter": meter,
+                                per_rank={"rng": rng.RngState(settings.seed), "meter": meter,
                                           "batchnorm": batchnorm.RankStatistics(trainer.model)})
     run = Run(ctx, settings, state, checkpointer, settings.epochs * steps_per_epoch, stop_request)
     # Horovod: every rank restores the checkpoint (or train() broadcasts rank 0's weights); under
@@ -184,17 +186,22 @@ def train(run, trainer, datasets, meter, position=None, shares=None):
     if run.stop_after_already_reached():
         return
     train_set, val_set = datasets
+    cnn.resume_position(state, settings, run.resized_from or ctx.size)  # a checkpoint from before epoch_samples
     sampler, train_loader, val_loader = cnn.make_loaders(settings, ctx, train_set, val_set, shares)
     global_batch = cnn.global_batch(settings, ctx.size)
-    if position is not None:  # the steps left at this world size
-        left = (settings.epochs - state.epoch) * len(train_set) - position.samples
-        run.log.retarget(state.step + left // global_batch)
-    where = (f"epoch {state.epoch} sample {position.samples}" if position else
-             f"epoch {state.epoch} batch {state.step_in_epoch}")
+    samples = position.samples if position else state.epoch_samples  # the epoch's, trained
+    if run.resized_from or position is not None:  # the steps left at this world size
+        left = cnn.steps_per_epoch(settings, ctx.size, len(train_set) - samples)
+        run.retarget(state.step + left + (settings.epochs - state.epoch - 1) * cnn.steps_per_epoch(
+            settings, ctx.size, len(train_set)))
+    if run.resized_from and position is None:  # the LR schedule counts steps: those of this size
+        steps = state.epoch * cnn.steps_per_epoch(settings, ctx.size, len(train_set)) + samples // global_batch
+        elastic.set_schedule_at(trainer.scheduler, steps, cnn.used_lr(settings, ctx))
+    where = f"epoch {state.epoch} sample {samples}"
     run.log.info(f"{settings.model} on {settings.dataset}: {len(train_set)} train / {len(val_set)} val images, "
                  f"{settings.num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
                  f"{global_batch // ctx.size} = global batch {global_batch}; lr {cnn.used_lr(settings, ctx):g}; "
-                 f"{len(train_set) // global_batch} steps/epoch; device {ctx.device.type}, "
+                 f"{cnn.steps_per_epoch(settings, ctx.size, len(train_set))} steps/epoch; device {ctx.device.type}, "
                  f"{precision.describe(settings.precision, ctx.device.type)}"
                  + (f"; resuming at {where} (step {state.step})" if state.step else ""))
     started = time.perf_counter()
@@ -213,28 +220,28 @@ def train(run, trainer, datasets, meter, position=None, shares=None):
 def train_epoch(run, trainer, data, meter, position=None, shares=None):
     """Train the rest of the current epoch, evaluate at its end; returns why this launch must stop, or None.
 
-    --elastic (``position``): the epoch goes on from its global sample position
-    at the current world size, and the LR follows the samples trained.
-    --balance (``shares``): returns early when the shares change; the epoch
-    goes on from the next step with the new split.
+    The epoch goes on from its sample position at the current world size (a prefix of its
+    order is trained, sampling.ShardedSampler). --elastic, --global-batch (``position``): the
+    steps and the LR follow the samples trained. --balance (``shares``): returns early when the
+    shares change; the epoch goes on from the next step with the new split.
     """
     settings, state = run.settings, run.state
     train_set, sampler, loader, val_loader = data
     train_set.set_epoch(state.epoch)  # the augmentation key; workers copy it at iter()
-    sampler.set_epoch(state.epoch, position.samples if position else state.step_in_epoch)
-    if position is not None and not sampler.steps:
-        # The world grew just before the epoch's end: what is left is too few samples to split.
+    sampler.set_epoch(state.epoch, position.samples if position else state.epoch_samples)
+    global_batch, steps_left = cnn.global_batch(settings, run.ctx.size), sampler.steps_left
+    if not steps_left:
+        # The world grew just before the epoch's end: what is left is less than one step.
         # Horovod: the epoch's end as after its last step (end_epoch's allreduces, then after_step's)
         is_best = end_epoch(run, trainer, val_loader, meter, position)
         run.checkpoints.after_step(epoch_end=True, is_best=is_best, last=state.epoch == settings.epochs)
         return None
     with run.ctx.watchdog.phase("starting the data loader"):  # worker processes import torch
         batches = iter(loader)
-    step_bounds = sampler.steps if position else itertools.repeat(None)  # --elastic: (start, stop) samples
-    last_bounds = sampler.steps[-1] if position else None
+    step_bounds = sampler.steps if position else itertools.repeat(None)  # position: (start, stop) samples
     peak_lr = cnn.used_lr(settings, run.ctx)  # for the current world size
     timer = run.stragglers.timer  # this rank's time in data, compute, comm, optimizer
-    for bounds, batch in zip(step_bounds, timer.timed(batches, "data")):
+    for taken, (bounds, batch) in enumerate(zip(step_bounds, timer.timed(batches, "data")), start=1):
         if position:
             elastic.set_schedule_at(trainer.scheduler, state.epoch * len(train_set) + position.samples, peak_lr)
         # Horovod: the gradient allreduce (started in backward, awaited in optim.finish_step),
@@ -242,11 +249,13 @@ def train_epoch(run, trainer, data, meter, position=None, shares=None):
         samples = trainer.train_step(batch, meter, run.nonfinite, timer)
         if position:
             position.samples = bounds[1]
+        else:
+            state.epoch_samples += global_batch
         # Horovod: every --stop-check-every steps the stop-signal allgather, every
         # --straggler-interval steps the timings' allgather (Run.step_done)
         reason = run.step_done(samples)
         rebalanced = run.rebalance(shares, "samples")  # --balance: new shares, saved below
-        epoch_end = bounds == last_bounds if position else state.step_in_epoch == sampler.batches_per_epoch
+        epoch_end = taken == steps_left
         # Horovod: at the epoch's end, the rates', metrics' and BatchNorm statistics' allreduces (end_epoch)
         is_best = end_epoch(run, trainer, val_loader, meter, position) if epoch_end else False
         # Horovod: when one is due, the checkpoint's collectives and --elastic's commit

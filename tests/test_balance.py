@@ -58,7 +58,7 @@ def test_balanced_sampler_trains_every_used_sample_once_at_changing_shares():
     for start, new in ((0, [16, 16]), (1, [20, 12]), (2, [5, 27])):
         shares[:] = new
         for sampler in samplers:
-            sampler.set_epoch(0, start)
+            sampler.set_epoch(0, start * 32)  # after `start` steps of 32
             steps = list(sampler)
             assert [len(s) for s in steps] == [new[sampler.rank]] * (3 - start)
             seen.extend(steps[0])

@@ -57,7 +57,7 @@ def test_corrupt_newest_checkpoint_is_renamed_and_the_previous_one_used(tmp_path
     run = ok(horovodrun(2, [*common, "--stop-after", "35"], timeout=180, transport=transport))
     # Cut short after its checksum was recorded: the sha256 check names it first.
     assert f"checkpoint {newest} is damaged: sha256" in run.output, run.describe()
-    assert "resuming at epoch 0 batch 20 (step 20)" in run.output, run.describe()
+    assert "resuming at epoch 0 sample 640 (step 20)" in run.output, run.describe()
     assert (out / "step-000000030.pt.corrupt").is_file()
     # Step 30 was trained and written again; pruning kept the two newest.
     assert sorted(p.name for p in out.glob("step-*.pt")) == ["step-000000030.pt", "step-000000035.pt"]
@@ -83,10 +83,16 @@ def test_resume_refuses_changed_settings_and_announces_adjustable_ones(tmp_path)
     ok(horovodrun(2, [*common, "--epochs", "2", "--stop-after", "5"], timeout=180))
     run = horovodrun(2, [*common, "--epochs", "2", "--lr", "0.2", "--momentum", "0.5"], timeout=180)
     one_error_line(run, "cannot resume from", "lr 0.1 -> 0.2", "momentum 0.9 -> 0.5")
-    run = horovodrun(1, [*common, "--epochs", "2"], timeout=180)
-    one_error_line(run, "world_size 2 -> 1")
     run = ok(horovodrun(2, [*common, "--epochs", "3", "--stop-after", "6"], timeout=180))
     assert "resuming with epochs 3 instead of the checkpoint's 2" in run.output, run.describe()
+    # Another number of ranks goes on, without --global-batch at its own global batch and LR.
+    run = ok(horovodrun(1, [*common, "--epochs", "3", "--stop-after", "8"], timeout=180))
+    assert (f"resuming 2 ranks' checkpoint on 1 from {out}: 16 samples per rank and step kept, so the global "
+            "batch goes from 32 to 16 and the LR from 0.2 to 0.1; the epoch goes on from its sample position"
+            in run.output), run.describe()
+    assert "1 worker x batch 16 = global batch 16; lr 0.1;" in run.output, run.describe()
+    assert "resuming at epoch 0 sample 192 (step 6)" in run.output, run.describe()  # 6 steps of 32
+    assert checkpoint_at(out, 8)["train_state"]["epoch_samples"] == 192 + 2 * 16
 
 
 def test_relaunching_a_finished_run_changes_nothing(tmp_path):

@@ -8,10 +8,10 @@ import re
 import torch
 
 from support.checks import ok
-from support.bert_data import make_small_static_data
+from support.bert_data import make_small_static_data, write_no_dropout_config
 from support.commands import CNN, PRETRAIN
 from support.elastic_jobs import elastic_command, world_sizes, write_hosts
-from support.launch import launch, python, wait_then
+from support.launch import launch, wait_then
 from support.weights import EXACT, assert_same_weights, checkpoint_at
 
 RUN = [CNN, "--elastic", "--model", "convnet", *EXACT, "--epochs", "2", "--batch-size", "16",
@@ -53,20 +53,10 @@ def test_a_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(need_
                         "resized against steady")
 
 
-def test_global_batch_needs_elastic(tmp_path):
-    run = python([CNN, "--global-batch", "64", "--output-dir", tmp_path], timeout=120)
-    assert run.returncode == 2 and "--global-batch keeps a step's samples fixed" in run.output, run.describe()
-
-
-BERT_CONFIG = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512,
-               "max_position_embeddings": 512, "type_vocab_size": 2,
-               "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-
-
 def test_a_bert_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(need_horovod, tmp_path):
     data = make_small_static_data(tmp_path, bin_size=16)  # bins of 4 and 77 instances: steps of 4, 16 and 13
-    (tmp_path / "config.json").write_text(json.dumps(BERT_CONFIG))
-    run = [PRETRAIN, "--elastic", "--data", data, "--config", tmp_path / "config.json", *EXACT, "--global-batch", "16",
+    config = write_no_dropout_config(tmp_path / "config.json")
+    run = [PRETRAIN, "--elastic", "--data", data, "--config", config, *EXACT, "--global-batch", "16",
            "--steps", "150", "--lr", "1e-3", "--log-every", "1", "--checkpoint-every", "0",
            "--elastic-commit-every", "3"]
     resized, steady, hosts = tmp_path / "resized", tmp_path / "steady", tmp_path / "hosts"
@@ -81,8 +71,3 @@ def test_a_bert_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(
     ok(launch(elastic_command(alone, 1, [*run, "--output-dir", steady]), timeout=400))
     assert_same_weights(checkpoint_at(resized, 150), checkpoint_at(steady, 150), "resized against steady")
 
-
-def test_bert_global_batch_needs_elastic(tmp_path):
-    run = python([PRETRAIN, "--data", tmp_path, "--global-batch", "16", "--output-dir", tmp_path / "out"],
-                 timeout=120)
-    assert run.returncode == 2 and "--global-batch keeps a step's instances fixed" in run.output, run.describe()

@@ -31,11 +31,29 @@ def test_sharded_sampler_resumes_mid_epoch_and_reshuffles_per_epoch():
     sampler = ShardedSampler(40, rank=1, size=2, batch_size=5, seed=0)
     sampler.set_epoch(2)
     whole = list(sampler)
-    sampler.set_epoch(2, start_batch=3)
+    sampler.set_epoch(2, start=3 * 2 * 5)  # after 3 steps of 2 x 5
     assert list(sampler) == whole[15:]
     assert len(sampler) == len(whole) - 15
     sampler.set_epoch(3)
     assert list(sampler) != whole
+
+
+@pytest.mark.parametrize("before, after", [(4, 2), (2, 4), (3, 1)])
+def test_sharded_sampler_goes_on_at_another_size_training_every_sample_at_most_once(before, after):
+    """Steps hold a prefix of the epoch's order at any size: a resize goes on after it, the
+    rest cut to whole steps at the new size."""
+    order = torch.randperm(103, generator=torch.Generator().manual_seed(5 * 100_003 + 1)).tolist()
+    first = [ShardedSampler(103, rank, before, batch_size=4, seed=5) for rank in range(before)]
+    for sampler in first:
+        sampler.set_epoch(1)
+    trained = [i for sampler in first for i in list(sampler)[:3 * 4]]  # 3 steps
+    assert sorted(trained) == sorted(order[:3 * before * 4])
+    second = [ShardedSampler(103, rank, after, batch_size=4, seed=5) for rank in range(after)]
+    for sampler in second:
+        sampler.set_epoch(1, start=len(trained))
+    rest = [i for sampler in second for i in sampler]
+    steps = (103 - len(trained)) // (after * 4)
+    assert sorted(trained + rest) == sorted(order[:len(trained) + steps * after * 4])
 
 
 def test_unpadded_validation_counts_every_sample_once():

@@ -155,7 +155,7 @@ def test_a_flipped_byte_in_a_checkpoint_is_caught_and_the_previous_one_used(tmp_
     assert any(not torch.equal(before[k], after[k]) for k in before)
     run = ok(horovodrun(2, [*common, "--stop-after", "25"], timeout=180))
     assert f"warning: checkpoint {newest} is damaged: sha256" in run.output, run.describe()
-    assert "resuming at epoch 0 batch 10 (step 10)" in run.output, run.describe()
+    assert "resuming at epoch 0 sample 320 (step 10)" in run.output, run.describe()
     assert (out / "step-000000020.pt.corrupt").is_file()
     assert (out / "step-000000020.pt.corrupt.sha256").is_file()
 

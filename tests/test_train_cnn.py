@@ -98,7 +98,7 @@ def test_stop_and_resume_gives_the_same_weights_bit_for_bit(tmp_path):
     train(2, [*common, "--max-steps", "60"], whole)
     train(2, [*common, "--max-steps", "30"], pieces)
     second = train(2, [*common, "--max-steps", "60"], pieces)
-    assert "resuming at epoch 0 batch 30 (step 30)" in second.output, second.describe()
+    assert "resuming at epoch 0 sample 960 (step 30)" in second.output, second.describe()
     expected, actual = checkpoint_at(whole, 60), checkpoint_at(pieces, 60)
     at = actual["train_state"]
     assert (at["epoch"], at["step_in_epoch"], at["step"]) == (1, 16, 60)

@@ -12,6 +12,19 @@ from .launch import python
 SESSION_DIR_ENV = "HVDTEST_SESSION_DIR"  # made by tests/conftest.py for the whole session, workers included
 
 
+# A small BERT without dropout, whose masks are drawn per rank: runs that split a step's instances
+# differently (n ranks against one, a resize) train the same weights (with support.weights.EXACT).
+NO_DROPOUT_CONFIG = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512,
+                     "max_position_embeddings": 512, "type_vocab_size": 2,
+                     "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+def write_no_dropout_config(path):
+    """NO_DROPOUT_CONFIG as a --config file at ``path``; returned."""
+    path.write_text(json.dumps(NO_DROPOUT_CONFIG))
+    return path
+
+
 def make_small_static_data(root, timeout=120, bin_size=None):
     """A few documents from a text file, static masking: an epoch is only a few steps.
 

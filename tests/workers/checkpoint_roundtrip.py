@@ -65,7 +65,7 @@ def main():
     fill = 0.25 if saving else -1.0 - ctx.rank
     model = Model(args.elements, fill)
     counter = Counter(7 if saving else 0)
-    checkpointer = Checkpointer(ctx, directory, shared={"model": model}, per_rank={"rng": RngState(),
+    checkpointer = Checkpointer(ctx, directory, shared={"model": model}, per_rank={"rng": RngState(0),
                                 "counter": Counter(100 + ctx.rank if saving else -1)}, keep=2)
     checkpointer.shared["counter"] = counter
     if saving:

@@ -4,13 +4,15 @@ from torch.utils.data import Sampler
 
 
 class ShardedSampler(Sampler):
-    """Each rank's share of a shuffled epoch, resumable mid-epoch.
+    """Each rank's share of a shuffled epoch, resumable mid-epoch at any world size.
 
-    The permutation depends only on (seed, epoch), so every rank agrees on it;
-    rank r takes every ``size``-th index starting at r. The epoch is cut to a
-    multiple of ``size * batch_size`` so every rank runs the same number of full
-    steps: a rank with an extra step would wait forever in its allreduce.
-    ``start_batch`` skips batches already trained before a resume.
+    The permutation depends only on (seed, epoch), so every rank agrees on it.
+    Each step takes the next ``size * batch_size`` samples of it, rank r every
+    ``size``-th of them starting at r, so the steps trained so far hold a prefix
+    of the epoch's order whatever the world size was: ``start`` (samples) says
+    where the epoch goes on, after a resume at the same size or another. What is
+    left is cut to whole steps so every rank runs the same number of full steps:
+    a rank with an extra step would wait forever in its allreduce.
     """
 
     def __init__(self, num_samples, rank, size, batch_size, seed, shuffle=True):
@@ -21,24 +23,28 @@ class ShardedSampler(Sampler):
         self.seed = seed
         self.shuffle = shuffle
         self.epoch = 0
-        self.start_batch = 0
-        self.batches_per_epoch = num_samples // (size * batch_size)
+        self.start = 0
+        self.global_batch = size * batch_size
 
-    def set_epoch(self, epoch, start_batch=0):
-        """Reseed for ``epoch``; begin after ``start_batch`` batches (resume)."""
+    @property
+    def steps_left(self):
+        """Whole steps from ``start`` to the epoch's end."""
+        return (self.num_samples - self.start) // self.global_batch
+
+    def set_epoch(self, epoch, start=0):
+        """Reseed for ``epoch``; begin at its sample ``start`` (a resume)."""
         self.epoch = epoch
-        self.start_batch = start_batch
+        self.start = start
 
     def epoch_order(self):
         return epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
 
     def __iter__(self):
-        used = self.batches_per_epoch * self.size * self.batch_size
-        mine = self.epoch_order()[:used][self.rank::self.size]
-        return iter(mine[self.start_batch * self.batch_size:].tolist())
+        left = self.epoch_order()[self.start:self.start + self.steps_left * self.global_batch]
+        return iter(left[self.rank::self.size].tolist())
 
     def __len__(self):
-        return (self.batches_per_epoch - self.start_batch) * self.batch_size
+        return self.steps_left * self.batch_size
 
 
 def epoch_order(num_samples, seed, epoch, shuffle=True):
@@ -67,6 +73,10 @@ class ElasticBatchSampler(Sampler):
         self.batch_size, self.seed, self.min_share = batch_size, seed, min_share
         self.global_batch = global_batch or size * batch_size  # fixed: the same at every size
         self.epoch, self.steps = 0, []
+
+    @property
+    def steps_left(self):
+        return len(self.steps)
 
     def set_epoch(self, epoch, position=0):
         """Reseed for ``epoch``; begin at its global sample ``position``."""
@@ -139,31 +149,32 @@ def assign_rows(sizes, rank, size, seed, epoch):
 class BalancedSampler(Sampler):
     """--balance: each step's global batch split among the ranks in unequal ``shares``.
 
-    Steps and their samples are ShardedSampler's (the epoch's order, cut to
-    whole global batches of ``sum(shares)``); only the cut between ranks
-    moves: rank r takes the samples between the running sums of the shares
-    before it and through it. ``shares`` is read at each ``iter()``, so new
-    shares apply from the next iteration, the same step on every rank.
+    Steps and their samples are ShardedSampler's (the epoch's order from sample
+    ``start``, cut to whole global batches of ``sum(shares)``); only the cut
+    between ranks moves: rank r takes the samples between the running sums of
+    the shares before it and through it. ``shares`` is read at each ``iter()``,
+    so new shares apply from the next iteration, the same step on every rank.
     Yields each step's list of indices (a DataLoader ``batch_sampler``).
     """
 
     def __init__(self, num_samples, rank, shares, seed):
         self.num_samples, self.rank, self.shares, self.seed = num_samples, rank, shares, seed
-        self.epoch = self.start_batch = 0
+        self.epoch = self.start = 0
 
     @property
-    def batches_per_epoch(self):
-        return self.num_samples // sum(self.shares)
+    def steps_left(self):
+        return (self.num_samples - self.start) // sum(self.shares)
 
-    def set_epoch(self, epoch, start_batch=0):
-        self.epoch, self.start_batch = epoch, start_batch
+    def set_epoch(self, epoch, start=0):
+        self.epoch, self.start = epoch, start
 
     def __iter__(self):
         order = epoch_order(self.num_samples, self.seed, self.epoch)
         global_batch, low = sum(self.shares), sum(self.shares[:self.rank])
         high = low + self.shares[self.rank]
-        for step in range(self.start_batch, self.batches_per_epoch):
-            yield order[step * global_batch + low:step * global_batch + high].tolist()
+        for step in range(self.steps_left):
+            first = self.start + step * global_batch
+            yield order[first + low:first + high].tolist()
 
     def __len__(self):
-        return self.batches_per_epoch - self.start_batch
+        return self.steps_left

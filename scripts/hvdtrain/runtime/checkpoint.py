@@ -272,11 +272,26 @@ class Checkpointer:
                 collectives.agree_on_errors(check, state)
             for name, part in self.shared.items():
                 part.load_state_dict(state[name])
-            mine = state["ranks"][self.ctx.rank] if len(state["ranks"]) == self.ctx.size else {}
+            self._restore_per_rank(state)
+            return state
+
+    def _restore_per_rank(self, state):
+        """Each rank its own entry; after a resize (the checkpoint holds another number of ranks' entries)
+        each component's ``load_resized(entries, rank, step)`` takes its part of every old rank's
+        (rng.RngState: a generator derived from the step and the new rank; metrics.SumMeter: rank 0
+        the sums of all). A component without one keeps what it has (batchnorm.RankStatistics: the
+        checkpoint's average statistics, which the model holds)."""
+        saved = state["ranks"]
+        if len(saved) == self.ctx.size:
+            mine = saved[self.ctx.rank]
             for name, part in self.per_rank.items():
                 if name in mine:
                     part.load_state_dict(mine[name])
-            return state
+            return
+        step = state["train_state"]["step"]
+        for name, part in self.per_rank.items():
+            if hasattr(part, "load_resized"):
+                part.load_resized([entry[name] for entry in saved if name in entry], self.ctx.rank, step)
 
     def _choose(self):
         """(newest readable checkpoint, its size), or (None, None); chosen by rank 0.

@@ -54,6 +54,14 @@ class SumMeter:
     def load_state_dict(self, state):
         self.sums, self.counts = dict(state["sums"]), dict(state["counts"])
 
+    def load_resized(self, entries, rank, step):
+        """Resumed on another number of ranks: rank 0 holds the old ranks' sums, the others none,
+        so the reduced totals (all that is ever reported) are the checkpoint's."""
+        self.reset()
+        for entry in entries if rank == 0 else []:
+            for name, total in entry["sums"].items():
+                self.add(name, total, entry["counts"][name])
+
 
 def averages(totals):
     """{name: sum / count} of {name: [sum, count]}."""

@@ -1,7 +1,7 @@
 """Random number generators: seeded alike on every rank, and each rank's state as a checkpoint component.
 
     rng.seed_everything(seed)          # Python, NumPy and torch
-    per_rank={"rng": rng.RngState()}   # saved and restored with every checkpoint
+    per_rank={"rng": rng.RngState(seed)}   # saved and restored with every checkpoint
 """
 import random
 
@@ -51,6 +51,14 @@ def _python_rng_to_plain(python_state):
 
 class RngState:
     """This rank's Python, NumPy, torch (and CUDA) generators as a component."""
+
+    def __init__(self, seed):
+        self.seed = seed  # the run's --seed: a resize derives the new ranks' generators from it
+
+    def load_resized(self, entries, rank, step):
+        """A resumed run on another number of ranks: no old rank's generator is this rank's, so it
+        is derived from (seed, step, rank), the same for any relaunch of this resize."""
+        seed_everything(int(np.random.SeedSequence([self.seed, step, rank]).generate_state(1)[0]))
 
     def state_dict(self):
         return get_state()

@@ -31,6 +31,7 @@ from hvdtrain.liveness import failures
 from hvdtrain.runtime import collectives, elastic, nonfinite, settings as settings_module, stragglers
 from hvdtrain.runtime import checkpoint
 from hvdtrain.runtime.cadence import CheckpointManager
+from hvdtrain.errors import UsageError
 from hvdtrain.runtime.checkpoint import clear_run_outputs
 from hvdtrain.runtime.metrics import Throughput, total_throughput
 from hvdtrain.runtime.outdir_lock import OutputDirLock
@@ -77,6 +78,7 @@ class Run:
         self.throughput = Throughput()
         self.log = None
         self.resumed = False
+        self.resized_from = None  # the restored checkpoint's world size where it differs from this launch's
         self._fresh_start = False  # start() restored nothing: see take_fresh_start
         # The trainers pass it to optim.finish_step; it reports through the log, open after start().
         self.nonfinite = nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state,
@@ -130,18 +132,32 @@ class Run:
         def check(saved):
             adjusted.extend(settings_module.check_resume(saved["settings"], self.settings,
                                                          self.settings.output_dir))
+            self.resized_from = settings_module.resized_from(saved["settings"], self.settings)
+            refusal = self.resized_from and self.settings.resize_refusal(saved["train_state"])
+            if refusal:
+                raise UsageError(f"cannot resume {self.settings.output_dir}'s checkpoint of {self.resized_from} "
+                                 f"ranks on {self.ctx.size}: {refusal}")
 
         started = time.perf_counter()
         restored = self.checkpointer.restore(check=check)
         self.resumed = restored is not None
         if self.resumed:
             settings_module.announce(adjusted, self.ctx.print0)
+            if self.resized_from:
+                self.ctx.print0(settings_module.resize_line(self.resized_from, self.settings,
+                                                            self.settings.output_dir))
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
             self.ctx.print0(f"restored step {self.state.step} from {self.settings.output_dir} in "
                             f"{time.perf_counter() - started:.1f} s (rank 0 peak RSS so far {peak:.2f} GiB)")
         self._fresh_start = not self.resumed
         self.log = self._open_log()
         return restored
+
+    def retarget(self, total_steps):
+        """The schedule's steps after a resize (a step's samples changed): the stop and the log follow."""
+        self.total_steps = total_steps
+        self.last_step = min(self.settings.stop_after or total_steps, total_steps)
+        self.log.retarget(total_steps)
 
     def take_fresh_start(self):
         """True once, in the first ``train()`` of a run that restored no checkpoint: the trainer then

@@ -6,6 +6,9 @@ world size, the data set's identity) and then freeze the result: nothing
 mutates settings afterwards, and the frozen values are what a checkpoint holds.
 
 On resume every saved setting is compared with the new one:
+- the world size may change (a resize, ``resize_line``): the model and
+  optimizer are replicated, the data position counts samples and the per-rank
+  parts are redistributed (checkpoint.Checkpointer.restore);
 - ADJUSTABLE settings may change: the new value is used and announced
   (e.g. a longer --epochs/--steps extends the schedule);
 - OPERATIONAL settings change nothing that is computed (paths, threads, how
@@ -97,6 +100,7 @@ class RunSettings(Settings):
     elastic_commit_every: int
     world_size: Union[int, str]  # "elastic" under --elastic: it changes while the run goes on
     batch_size: int  # per rank and backward pass
+    global_batch: Optional[int]  # --global-batch: samples per step at every world size (None: ranks x step_batch)
     straggler_interval: int  # runtime/stragglers.py
     straggler_threshold: float
     straggler_patience: int
@@ -106,6 +110,20 @@ class RunSettings(Settings):
     def step_batch(self):
         """Samples per rank and optimizer step."""
         return self.batch_size * self.accumulation_steps
+
+    @property
+    def global_position(self):
+        """The epoch has one order, and its position counts samples at any world size
+        (--elastic, --global-batch): each step takes the next global batch of it."""
+        return self.elastic or bool(self.global_batch)
+
+    def resize_consequence(self, old_size):
+        """What else a resize without --global-batch changes, said in resize_line (the CNN: its LR)."""
+        return ""
+
+    def resize_refusal(self, train_state):
+        """Why this checkpoint (its saved train state) cannot go on at another world size, or None."""
+        return None
 
 
 def _plain(value):
@@ -119,13 +137,16 @@ def _plain(value):
     return value
 
 
+RESIZABLE = "world_size"  # compared apart: a resize (resize_line), not a refusal
+
+
 def resume_differences(saved, current):
-    """(refused, adjusted): lists of (setting, checkpoint value, new value)."""
+    """(refused, adjusted): lists of (setting, checkpoint value, new value); the world size apart."""
     refused, adjusted = [], []
     if isinstance(current, Settings):
         saved = current.saved_as_now(saved)
     for name in sorted(set(saved) | set(current.keys())):  # current: Settings or any mapping
-        if name in OPERATIONAL:
+        if name in OPERATIONAL or name == RESIZABLE:
             continue
         old, new = saved.get(name, "<unset>"), current[name] if name in current.keys() else "<unset>"
         if old == new:
@@ -142,6 +163,30 @@ def check_resume(saved, current, directory):
         raise UsageError(f"cannot resume from {directory}: settings differ from its checkpoint "
                          f"({listed}); use the checkpoint's values, another --output-dir, or --no-resume")
     return adjusted
+
+
+def resized_from(saved, current):
+    """The checkpoint's world size where this launch has another one, else None.
+
+    Under --elastic both hold "elastic" (the size is the job's, not the run's); a
+    run that switches between elastic and plain is refused on ``elastic`` itself.
+    """
+    old, new = saved.get(RESIZABLE), current[RESIZABLE]
+    return old if isinstance(old, int) and isinstance(new, int) and old != new else None
+
+
+def resize_line(old_size, settings, directory):
+    """The one line a resized resume prints: what changes with the size and what does not."""
+    new_size = settings.world_size
+    whose = f"{old_size} ranks'" if old_size > 1 else "1 rank's"
+    head = f"resuming {whose} checkpoint on {new_size} from {directory}"
+    if settings.global_batch:
+        return (f"{head}: --global-batch {settings.global_batch} kept, so the samples per step, the LR and the "
+                f"optimisation do not change; the epoch goes on from its sample position")
+    old, new = old_size * settings.step_batch, new_size * settings.step_batch
+    return (f"{head}: {settings.step_batch} samples per rank and step kept, so the global batch goes from "
+            f"{old} to {new}{settings.resize_consequence(old_size)}; the epoch goes on from its sample position "
+            f"(--global-batch N keeps a step's samples at any size)")
 
 
 def announce(adjusted, print_fn):

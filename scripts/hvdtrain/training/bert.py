@@ -48,12 +48,20 @@ class BertSettings(RunSettings):
     architecture: dict
     vocab_sha256: str
     num_instances: int
-    global_batch: Optional[int]  # --elastic: instances per step at every world size (None: ranks x step_batch)
     balance: bool  # each step's instances split among the ranks by their measured speed
 
     @classmethod
     def saved_as_now(cls, saved):
         return {"global_batch": None, "balance": False, **saved}  # from before --global-batch, --balance
+
+    def resize_refusal(self, train_state):
+        """Mid-epoch without a global position: each rank read its own share of the epoch's shards,
+        so what is left of the epoch is no prefix that another number of ranks could split."""
+        if self.global_position or self.balance or not train_state["step_in_epoch"]:
+            return None
+        return (f"its epoch {train_state['epoch']} is in progress (step {train_state['step_in_epoch']} of it) "
+                "and without --global-batch each rank reads its own share of the epoch's shards; relaunch on "
+                "the checkpoint's number of ranks, at least until the epoch ends")
 
 
 @dataclass
@@ -153,7 +161,7 @@ def build_schedule(settings, optimizer):
 
 def training_data(settings, metadata, ctx, position=None, shares=None):
     """This rank's batches in the current world: its own share of each epoch's shards, or under
-    --elastic or --balance (``position``, a bert_elastic.BinPosition) its slices of the epoch's
+    --elastic, --global-batch or --balance (``position``, a bert_elastic.BinPosition) its slices of the epoch's
     global order (``shares``: --balance's balance.Shares). UsageError where not one step fits."""
     args = (settings.data, metadata, ctx.rank, ctx.size, settings.seed, settings.batch_size,
             settings.accumulation_steps)

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 import horovod.torch as hvd
 
 from hvdtrain.data import images
-from hvdtrain.data.sampling import BalancedSampler, ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler
+from hvdtrain.data.sampling import (BalancedSampler, ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler,
+                                    global_steps)
 from hvdtrain.errors import UsageError
 from hvdtrain.models import resnet
 from hvdtrain.runtime import consistency, dist, elastic, precision
@@ -57,7 +58,13 @@ class CnnSettings(RunSettings):
     train_samples: int
     num_classes: int
     balance: bool  # --balance: shares of the global batch follow the ranks' speed
-    global_batch: Optional[int]  # --elastic: samples per step at every world size (None: scaled)
+
+    def resize_consequence(self, old_size):
+        """Without --global-batch the LR follows the global batch (used_lr)."""
+        if self.use_adasum:
+            return ""
+        lr = lambda size: self.lr * size * self.accumulation_steps  # noqa: E731 - used_lr's, per --batch-size
+        return f" and the LR from {lr(old_size):g} to {lr(self.world_size):g}"
 
     @classmethod
     def saved_as_now(cls, saved):
@@ -73,13 +80,16 @@ def check_args(args, ctx):
 
     Returns the resolved values; the same verdict on every rank.
     """
-    if args.global_batch and not args.elastic:
-        raise UsageError("--global-batch keeps a step's samples fixed across resizes: it needs --elastic "
-                         "(without it the global batch is --batch-size x workers)")
-    if args.balance and (args.elastic or args.use_adasum or args.gradient_predivide_factor != 1.0
-                         or not args.straggler_interval):
+    if args.balance and (args.elastic or args.global_batch or args.use_adasum
+                         or args.gradient_predivide_factor != 1.0 or not args.straggler_interval):
         raise UsageError("--balance needs the ranks' timings (--straggler-interval > 0) and plain averaging: "
-                         "not with --elastic, --use-adasum or --gradient-predivide-factor")
+                         "not with --elastic, --global-batch, --use-adasum or --gradient-predivide-factor")
+    if args.global_batch and (args.use_adasum or args.gradient_predivide_factor != 1.0):
+        raise UsageError("--global-batch sums the ranks' shares of each step: not with --use-adasum or "
+                         "--gradient-predivide-factor")
+    if args.global_batch and args.global_batch < ctx.size * args.accumulation_steps:
+        raise UsageError(f"--global-batch {args.global_batch} leaves ranks of the {ctx.size} without a sample "
+                         f"for each of {args.accumulation_steps} backward passes")
     elastic.check_launcher(args.elastic)
     if args.use_adasum and args.gradient_predivide_factor != 1.0:
         raise UsageError("--gradient-predivide-factor only applies to averaging, not --use-adasum")
@@ -111,6 +121,23 @@ def data_facts(args, train_set, val_set):
 class CnnState(TrainState):
     """Where training stands (a checkpoint component), and the best validation top-1 so far."""
     best_top1: float = 0.0
+    # The epoch's samples trained (a prefix of its order, sampling.ShardedSampler), at whatever world
+    # sizes: where a resumed epoch goes on. Under --elastic and --global-batch: ElasticPosition's.
+    epoch_samples: int = 0
+
+    def load_state_dict(self, state):
+        # A checkpoint from before epoch_samples: steps of the checkpoint's global batch (resume_position).
+        super().load_state_dict({"epoch_samples": None, **state})
+
+    def next_epoch(self):
+        super().next_epoch()
+        self.epoch_samples = 0
+
+
+def resume_position(state, settings, saved_world_size):
+    """A checkpoint from before ``epoch_samples``: its epoch's steps were all of its own size."""
+    if state.epoch_samples is None:
+        state.epoch_samples = state.step_in_epoch * saved_world_size * settings.step_batch
 
 
 @dataclass
@@ -229,8 +256,16 @@ def build_schedule(settings, optimizer, schedule_length):
 
 def global_batch(settings, size):
     """Samples per optimizer step over all ranks: --batch-size x accumulation x workers, or the
-    fixed --global-batch (--elastic: the same at every world size)."""
+    fixed --global-batch (the same at every world size)."""
     return settings.global_batch or size * settings.batch_size * settings.accumulation_steps  # also of args
+
+
+def steps_per_epoch(settings, size, samples):
+    """An epoch's steps at ``size`` ranks: whole global batches (ShardedSampler), or under
+    --elastic and --global-batch the last step taking what is left (sampling.global_steps)."""
+    if settings.global_position:
+        return len(global_steps(0, samples, global_batch(settings, size), size * settings.accumulation_steps))
+    return samples // global_batch(settings, size)
 
 
 def used_lr(settings, ctx):
@@ -249,19 +284,19 @@ def used_lr(settings, ctx):
 def make_loaders(settings, ctx, train_set, val_set, shares=None):
     """(sampler, train loader, val loader) for this rank in the current world.
 
-    Rank r trains its own shard of each epoch's order (--elastic: its slice of each step's
-    samples; --balance: its share, ``shares``) and validates its own share of the val set.
+    Rank r trains its own shard of each epoch's order (--elastic, --global-batch: its slice of
+    each step's samples; --balance: its share, ``shares``) and validates its own share of the val set.
     """
     if shares is not None:
         sampler = BalancedSampler(len(train_set), ctx.rank, shares.shares, settings.seed)
-    elif settings.elastic:
+    elif settings.global_position:
         sampler = ElasticBatchSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed,
                                       global_batch=settings.global_batch,
                                       min_share=settings.accumulation_steps)
     else:
         sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed)
     cuda = ctx.device.type == "cuda"
-    whole_batches = settings.elastic or shares is not None  # the sampler yields each step's indices
+    whole_batches = settings.global_position or shares is not None  # the sampler yields each step's indices
     train_loader = loaders.make_loader(train_set, sampler, None if whole_batches else settings.step_batch,
                                        settings.workers, cuda)
     val_loader = loaders.make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
@@ -278,6 +313,6 @@ def results(run, seconds):
                    images_per_sec_per_worker=per_worker or row.get("images_per_sec_per_worker", 0.0),
                    world_size=run.ctx.size, epochs=row.get("epoch", 0), steps=state.step, model=settings.model,
                    dataset=settings.dataset, batch_size=settings.batch_size,
-                   global_batch_size=run.ctx.size * settings.step_batch, lr=settings.scaled_lr,
+                   global_batch_size=global_batch(settings, run.ctx.size), lr=used_lr(settings, run.ctx),
                    best_val_top1=state.best_top1, seconds=seconds)
     return summary
