@@ -223,6 +223,7 @@ def main(argv=None):
     # What a checkpoint holds: the same on every rank, each rank's own (its RNG, its metric sums),
     # and what --init-checkpoint and the export read (the model's configuration, the vocabulary's hash).
     checkpointer = checkpoint.Checkpointer(ctx, settings.output_dir, keep=settings.keep_checkpoints,
+                                           write_mode=settings.checkpoint_write,
                                            shared={**components, "train_state": state},
                                            per_rank={"rng": rng.RngState(settings.seed), "meter": meter},
                                            extra={"bert_config": model.config.to_dict(),

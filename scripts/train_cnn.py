@@ -166,6 +166,7 @@ def main():
     # What a checkpoint holds: the same on every rank, then each rank's own (its RNG, its metric
     # sums, its BatchNorm statistics: their average is what the model holds).
     checkpointer = Checkpointer(ctx, settings.output_dir, keep=settings.keep_checkpoints,
+                                write_mode=settings.checkpoint_write,
                                 shared={**components, "train_state": state},
                                 per_rank={"rng": rng.RngState(settings.seed), "meter": meter,
                                           "batchnorm": batchnorm.RankStatistics(trainer.model)})

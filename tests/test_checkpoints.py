@@ -10,7 +10,7 @@ import pytest
 from support.checks import ok, one_error_line, succeeded
 from support.commands import CNN, PREPARE, PRETRAIN, QUICK_CNN
 from support.launch import REPO, horovodrun, python
-from support.weights import checkpoint_at
+from support.weights import assert_same_tensors, checkpoint_at
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
 
@@ -133,20 +133,44 @@ def test_cnn_resume_writes_the_rows_of_an_uninterrupted_run(tmp_path, stop_after
         assert row["images_per_sec"] > 0 and row["train_loss"] == row["train_loss"], row
 
 
-def test_bert_resume_after_a_crash_does_not_duplicate_rows(tmp_path):
-    """Rows logged after the last checkpoint, before a crash, are written once."""
+def test_bert_checkpoints_written_in_the_background_equal_sync_ones_and_a_crash_repeats_no_row(tmp_path):
+    """--checkpoint-write auto (async here): rank 0 writes step 4's checkpoint in the background, slowly
+    (8 s of a slow file system), while steps 5 on train; the file holds step 4's state, the same bytes
+    of model and optimizer as a --checkpoint-write sync run's. Rows logged after the last checkpoint,
+    before a crash, are written once."""
     data = tmp_path / "data"
     succeeded(python([PREPARE, "--output-dir", data, "--max-seq-length", "64", "--vocab-size", "1000",
                       "--dupe-factor", "1", "--num-shards", "2"], timeout=120))
     common = [PRETRAIN, "--data", data, "--model", "tiny", "--batch-size", "4", "--steps", "9",
               "--log-every", "1", "--checkpoint-every", "4"]
-    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "whole"], timeout=180))
-    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "crashed", "--stop-after", "6"], timeout=180))
+    slow = {"HVDTRAIN_FAULT": "rank=0,step=4,kind=slow-checkpoint,seconds=8"}
+    whole = ok(horovodrun(2, [*common, "--output-dir", tmp_path / "whole"], timeout=180, env=slow))
+    lines = whole.rank_output(0).splitlines()
+    written = next(i for i, line in enumerate(lines) if "step-000000004.pt written in the background" in line)
+    assert any(re.search(r"step +6 \| mlm loss", line) for line in lines[:written]), whole.describe()
+    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "crashed", "--stop-after", "6", "--checkpoint-write",
+                      "sync"], timeout=180))
+    in_background, in_place = checkpoint_at(tmp_path / "whole", 4), checkpoint_at(tmp_path / "crashed", 4)
+    for part in ("model", "optimizer"):
+        assert_same_tensors(in_background[part], in_place[part], f"step 4's {part}")
     (tmp_path / "crashed" / "step-000000006.pt").unlink()  # as if it died before writing step 6
     ok(horovodrun(2, [*common, "--output-dir", tmp_path / "crashed"], timeout=180))
     crashed, whole = rows(tmp_path / "crashed", drop=()), rows(tmp_path / "whole", drop=())
     assert [r["step"] for r in crashed] == list(range(1, 10))
     assert crashed == whole
+
+
+def test_a_checkpoint_write_that_fails_in_the_background_stops_the_run_with_one_line(tmp_path):
+    """A full disk as rank 0 writes step 6's file in the background: the next checkpoint (step 9) finds
+    it, every rank stops with one line, and step 3's checkpoint is still the newest, whole."""
+    out = tmp_path / "out"
+    run = horovodrun(2, [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "1", "--checkpoint-every", "3",
+                         "--checkpoint-write", "async"], timeout=180,
+                     env={"HVDTRAIN_FAULT": "rank=0,step=6,kind=full-disk"})
+    one_error_line(run, "writing the checkpoint step-000000006.pt failed (OSError: [Errno 28] No space left",
+                   "the previous checkpoint is the newest valid one")
+    assert [path.name for path in out.glob("step-*.pt")] == ["step-000000003.pt"]
+    assert checkpoint_at(out, 3)["train_state"]["step"] == 3
 
 
 def test_a_slow_phase_survives_a_short_watchdog_limit():

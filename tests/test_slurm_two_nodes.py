@@ -178,31 +178,3 @@ def test_usr1_stops_both_nodes_at_one_step_and_they_resume(two_node_jobs, name):
     assert stop_a["step"] == stop_b["step"] < PROBE_STEPS, (stop_a, stop_b)
     for seen in by_host.values():
         assert seen[2]["step"] == stop_a["step"] and seen[3]["step"] == PROBE_STEPS, seen
-
-
-def test_a_job_requeued_without_one_of_its_nodes_finishes_on_the_other(two_node_slurm, two_hosts, tmp_path):
-    """sbatch --nodes=1-2: the job starts on both nodes; hvd-b is drained (a node lost or excluded, no spare)
-    and USR1 checkpoints and requeues the job, which then gets hvd-a alone: the sbatch file sizes the launch
-    from that allocation and the run goes on from the two ranks' checkpoint on one, every sample of every
-    epoch trained once (--global-batch: one position in samples at any size)."""
-    require_module("horovod.torch")
-    out, log = tmp_path / "run", tmp_path / "job.out"
-    args = ["--model", "convnet", "--epochs", "5", "--global-batch", "16", "--output-dir", out]  # 90 steps/epoch
-    job = two_node_slurm.sbatch(["--output", log, "--nodes=1-2", "--ntasks-per-node=1",
-                                 SLURM / "train_cnn.sbatch", *map(str, args)],
-                                env={**two_hosts.env(), "LAUNCHER": "srun", "PYTHON": str(PYTHON_ON_HOST)})
-    try:
-        two_node_slurm.wait_for(job, lambda info: "convnet on digits" in read_log(log), "training", JOB_TIMEOUT)
-        two_node_slurm.run(["scontrol", "update", "nodename=hvd-b", "state=drain", "reason=test: a lost node"])
-        send_usr1_to_batch_shell(two_node_slurm, job)
-        info = two_node_slurm.wait_for_end(job, JOB_TIMEOUT)
-    finally:
-        two_node_slurm.run(["scontrol", "update", "nodename=hvd-b", "state=resume"], check=False)
-    text = read_log(log)
-    assert_requeued_once(two_node_slurm, job, info, text)
-    assert "2 workers x batch 8 = global batch 16" in text and "1 worker x batch 16 = global batch 16" in text, text
-    assert f"resuming 2 ranks' checkpoint on 1 from {out}: --global-batch 16 kept" in text, text
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [(row["epoch"], row["train_samples"]) for row in rows] == [(epoch, 1438) for epoch in range(1, 6)], rows
-    assert rows[-1]["world_size"] == 1, rows
-    assert json.loads((out / "results.json").read_text())["completed"], text

@@ -39,6 +39,11 @@ def add_run_arguments(parser, output_dir, checkpoint_every):
     out.add_argument("--take-over-lock", action="store_true",
                      help="use --output-dir even though its run.lock names a run that may still be alive "
                           "(stale locks are taken over without this)")
+    out.add_argument("--checkpoint-write", choices=["auto", "async", "sync"], default="auto",
+                     help="async: the checkpointing step pays a copy of the state in host memory and rank 0 "
+                          "writes the file in the background while training goes on (one write in flight; "
+                          "stops wait for it); sync: every rank waits until the file is written; auto: async "
+                          "where the copy fits in half the available memory")
     out.add_argument("--keep-checkpoints", type=cli.positive_int, default=3,
                      help="newest step-*.pt kept (plus best.pt where there is one)")
     out.add_argument("--stop-after", "--max-steps", dest="stop_after", type=cli.positive_int, metavar="STEP",

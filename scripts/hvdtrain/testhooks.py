@@ -14,8 +14,10 @@ that step, does one of
   deadlock  block its main thread forever; Horovod's thread stays alive
   kill      SIGKILL itself (a crashed node, the OOM killer)
   raise     raise an exception on this rank only (a bug, a bad file)
-  slow-checkpoint  sleep ``seconds`` (default 30) inside the checkpoint write of
-            that step: a legitimate long phase, which must not be killed.
+  slow-checkpoint  sleep ``seconds`` (default 30) inside rank 0's write of that
+            step's checkpoint file (--checkpoint-write async: in its background
+            thread): a slow file system, a legitimate long wait that must not be killed.
+  full-disk raise ENOSPC inside rank 0's write of that step's checkpoint file.
 
 With ``phase=NAME`` the fault happens instead as that rank enters the watchdog
 phase NAME after that step (``rank=1,step=44,kind=stop,phase=evaluating``): a
@@ -23,6 +25,7 @@ node lost in the middle of an evaluation or a checkpoint write.
 
 What a job prints when a rank fails this way is ``hvdtrain.liveness.failures.report``'s one line.
 """
+import errno
 import os
 import signal
 import sys
@@ -35,7 +38,8 @@ from hvdtrain.errors import UsageError
 FAULT_ENV = "HVDTRAIN_FAULT"
 NONFINITE_ENV = "HVDTRAIN_INJECT_NONFINITE"
 RECORD_ENV = "HVDTRAIN_RECORD_INSTANCES"
-KINDS = ("stop", "deadlock", "kill", "raise", "slow-checkpoint")
+KINDS = ("stop", "deadlock", "kill", "raise", "slow-checkpoint", "full-disk")
+CHECKPOINT_KINDS = ("slow-checkpoint", "full-disk")  # at the checkpoint write, not after the step
 
 
 @dataclass
@@ -119,8 +123,8 @@ def phase_entered(rank, step, name):
 
 
 def _inject(fault, rank, step):
-    # slow-checkpoint is no injection here: checkpoint_writing sleeps inside the write.
-    if fault.kind == "slow-checkpoint" or not fault.applies_to(rank) or fault.step != step:
+    # slow-checkpoint, full-disk: no injection here; checkpoint_writing acts inside the write.
+    if fault.kind in CHECKPOINT_KINDS or not fault.applies_to(rank) or fault.step != step:
         return
     # The wall-clock time lets the fault matrix measure how long the job took to end.
     print(f"rank {rank}: injecting fault {fault.kind} after step {step} at {time.time():.3f} ({FAULT_ENV})",
@@ -138,10 +142,13 @@ def _inject(fault, rank, step):
 
 
 def checkpoint_writing(rank, step):
-    """Inside every checkpoint write (Checkpointer): a slow file system, when planned."""
+    """As rank 0 writes a checkpoint file (Checkpointer): a slow file system or a full one, when planned."""
     fault = _planned(FAULT_ENV)
-    if fault and fault.kind == "slow-checkpoint" and fault.applies_to(rank) and step == fault.step:
-        time.sleep(fault.seconds)
+    if not (fault and fault.kind in CHECKPOINT_KINDS and fault.applies_to(rank) and step == fault.step):
+        return
+    if fault.kind == "full-disk":
+        raise OSError(errno.ENOSPC, f"No space left on device ({FAULT_ENV})")
+    time.sleep(fault.seconds)
 
 
 def loss_computed(rank, step, loss):

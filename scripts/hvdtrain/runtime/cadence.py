@@ -32,8 +32,10 @@ class CheckpointManager:
         Collective, the same on every rank, on the steps that save something: the components'
         ``before_save`` hooks (checkpoint.around_save: --elastic, the train sums' allreduce; the CNN,
         the BatchNorm statistics' grouped_allreduce); --elastic, the commit's copy; the checkpoint
-        (Checkpointer.write: the per-rank entries' alltoall, one allreduce once rank 0 has written
-        it); --elastic, the commit's host-update check, a broadcast, which raises
+        (Checkpointer.write: the per-rank entries' alltoall, one allgather once rank 0 has written
+        it or, --checkpoint-write async, copied it for its background write); as the launch ends,
+        one allgather once that write is on disk (Checkpointer.wait_for_writes); --elastic, the
+        commit's host-update check, a broadcast, which raises
         HostsUpdatedInterrupt when hosts were added or removed (hvd.elastic.run re-forms the world).
         """
         step, every = self.state.step, self.settings.checkpoint_every
@@ -49,5 +51,7 @@ class CheckpointManager:
                 self.commits.save()
             if checkpoint:
                 self.checkpointer.write(step, self.settings, is_best)
+        if stopping or last:  # the launch ends: its checkpoint on disk first (--checkpoint-write async)
+            self.checkpointer.wait_for_writes()
         if commit:
             self.commits.check_host_updates()

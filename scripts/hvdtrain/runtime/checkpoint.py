@@ -11,7 +11,12 @@ pattern of torchtitan's checkpoint manager):
 - ``settings``: the resolved settings, compared on resume (see settings.py).
 
 Files are written to a temporary name, fsynced and renamed, so a job killed
-mid-write never leaves a truncated newest checkpoint. Each has a sidecar
+mid-write never leaves a truncated newest checkpoint. By default
+(``--checkpoint-write auto``) rank 0 writes in the background: the step that
+checkpoints pays the gather and a copy of the state in host memory, and a
+writer thread serialises, writes, fsyncs and checksums while training goes on
+(``BackgroundWriter``: one write in flight, the next checkpoint and every
+stop wait for it, its failure is one line on every rank). Each has a sidecar
 ``step-<step>.pt.sha256`` (``sha256sum -c`` reads it), hashed as the bytes are
 written and checked by rank 0 before a resume: a flipped bit (a bad disk, a
 bad copy) is treated like an unreadable file instead of resuming silently from
@@ -27,11 +32,14 @@ memory-mapped (one copy per node in the page cache). Where some rank cannot see
 it (node-local output directories) rank 0 sends it tensor by tensor.
 """
 import contextlib
+import copy
 import hashlib
 import os
 import re
 import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -195,6 +203,82 @@ def load_init_checkpoint(path):
     return state
 
 
+class BackgroundWriter:
+    """Rank 0's checkpoint file written by a thread while training goes on; one write in flight.
+
+    The thread is not a daemon: an interpreter that exits normally (the end of training, an
+    uncaught error) waits for the write in flight. A process killed mid-write leaves a temporary
+    file and the previous checkpoint the newest valid one (atomic_save).
+    """
+
+    def __init__(self):
+        self.thread = None
+        self.failure = None  # why the last write failed, a line
+
+    def start(self, write, what):
+        """Run ``write()`` in the background; ``what`` names it in a failure's line."""
+        def run():
+            try:
+                write()
+            except Exception as error:  # noqa: BLE001 - reported in one line by wait()
+                self.failure = write_failure(what, error)
+        self.thread = threading.Thread(target=run, name="checkpoint-writer")
+        self.thread.start()
+
+    def wait(self):
+        """Block until the write in flight has ended; a UsageError (one line, exit 2) if it failed:
+        --output-dir could not take it (a full disk, an I/O error, a lost mount)."""
+        if self.thread is not None:
+            with durations.timed("waiting for a background checkpoint write"):
+                self.thread.join()
+            self.thread = None
+        failure, self.failure = self.failure, None
+        if failure:
+            raise UsageError(failure)
+
+
+def write_failure(what, error):
+    return (f"writing the checkpoint {what} failed ({error.__class__.__name__}: {error}); the previous "
+            "checkpoint is the newest valid one")
+
+
+def host_copy(value):
+    """``value`` (a state to save) with every tensor copied to host memory (pinned where it was on
+    a GPU): what training changes next cannot reach the copy a background write serialises."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu":
+            return value.detach().clone()
+        pinned = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+        return pinned.copy_(value.detach())
+    if isinstance(value, dict):
+        return type(value)((key, host_copy(item)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(host_copy(item) for item in value)
+    return copy.deepcopy(value)
+
+
+def tensor_bytes(value):
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(item) for item in value)
+    return 0
+
+
+def available_memory():
+    """Bytes the kernel says can be allocated without swapping (MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 @contextlib.contextmanager
 def around_save(parts):
     """The components' ``before_save()`` hooks (collective: every rank, in the same order), then,
@@ -213,13 +297,16 @@ def around_save(parts):
 class Checkpointer:
     """Saves and restores the run's components; every method is collective."""
 
-    def __init__(self, ctx, directory, shared, per_rank, keep, extra=None):
+    def __init__(self, ctx, directory, shared, per_rank, keep, extra=None, write_mode="sync"):
         self.ctx = ctx
         self.directory = Path(directory)
         self.shared = shared  # name -> component, identical on every rank
         self.per_rank = per_rank  # name -> component, one entry per rank
         self.keep = keep
         self.extra = extra or {}  # plain values saved beside the components
+        self.write_mode = write_mode  # --checkpoint-write: sync, async, or auto (async where the copy fits)
+        self.writer = BackgroundWriter()  # rank 0's
+        self._said_sync = False
 
     def parts(self):
         """Every component, shared then per rank: the same order on every rank."""
@@ -231,28 +318,70 @@ class Checkpointer:
             self.write(step, settings, is_best)
 
     def write(self, step, settings, is_best=False):
-        """Write checkpoint ``step`` (rank 0); every rank waits until it is on disk.
+        """Checkpoint ``step``: rank 0 writes it now, or in the background once it holds a copy.
 
-        Collective, in this order: the per-rank entries gathered to rank 0 (one alltoall),
-        one allreduce once the file is written. Inside ``around_save`` (see ``save``).
+        Collective, in this order: the per-rank entries gathered to rank 0 (one alltoall);
+        inside the "writing a checkpoint" phase, rank 0 waits for the write in flight (one at a
+        time), then copies the state and starts the background write (--checkpoint-write async)
+        or writes the file itself (sync); one allgather of rank 0's verdict (a failed write is
+        one line on every rank). Inside ``around_save`` (see ``save``).
         """
         with durations.timed("gathering the ranks' checkpoint entries"):
             ranks = collectives.gather_object_to_root({name: part.state_dict() for name, part in self.per_rank.items()},
                                                name="checkpoint.ranks")  # every rank's entry, on rank 0
         with self.ctx.watchdog.phase("writing a checkpoint"):
-            if self.ctx.is_main:
-                state = {"format": FORMAT, **{name: part.state_dict() for name, part in self.shared.items()},
-                         "ranks": ranks, "settings": dict(settings), **self.extra}
-                path = checkpoint_path(self.directory, step)
-                digest = atomic_save(state, path)
-                if is_best:
-                    write_checksum(self.directory / "best.pt", digest)
-                    _link_or_copy(path, self.directory / "best.pt")
-                prune(self.directory, self.keep, path)
-            testhooks.checkpoint_writing(self.ctx.rank, step)  # test-only: a slow file system
             # The other ranks wait here, inside the phase, rather than in their
             # next collective, where the watchdog's short limit applies.
-            collectives.all_ranks_true(True)
+            collectives.agree_on_errors(self._write_on_rank_0, step, settings, is_best, ranks)
+
+    def _write_on_rank_0(self, step, settings, is_best, ranks):
+        if not self.ctx.is_main:
+            return
+        self.writer.wait()  # the previous write: one in flight, host memory bounded by one copy
+        state = {"format": FORMAT, **{name: part.state_dict() for name, part in self.shared.items()},
+                 "ranks": ranks, "settings": dict(settings), **self.extra}
+        path = checkpoint_path(self.directory, step)
+        if not self._in_background(state):
+            try:
+                return self._write_file(state, path, step, is_best)
+            except OSError as error:  # one line on every rank, as from the background writer
+                raise UsageError(write_failure(path.name, error)) from None
+        with durations.timed("copying the checkpoint to host memory"):
+            state = host_copy(state)
+        self.writer.start(lambda: self._write_file(state, path, step, is_best, background=True), path.name)
+
+    def _in_background(self, state):
+        """--checkpoint-write: async, sync, or auto: async where a copy fits in half the available memory."""
+        if self.write_mode != "auto":
+            return self.write_mode == "async"
+        needed, free = tensor_bytes(state), available_memory()
+        if free is None or 2 * needed <= free:
+            return True
+        if not self._said_sync:
+            self._said_sync = True
+            print(f"note: --checkpoint-write auto: a copy of the state ({needed / 2**30:.1f} GiB) would not fit "
+                  f"in half the available memory ({free / 2**30:.1f} GiB); writing checkpoints synchronously",
+                  flush=True)
+        return False
+
+    def _write_file(self, state, path, step, is_best, background=False):
+        """Serialise, fsync, checksum, rename (atomic_save); best.pt; prune. Rank 0, maybe a thread."""
+        started = time.perf_counter()
+        testhooks.checkpoint_writing(self.ctx.rank, step)  # test-only: a slow or full file system
+        digest = atomic_save(state, path)
+        if is_best:
+            write_checksum(self.directory / "best.pt", digest)
+            _link_or_copy(path, self.directory / "best.pt")
+        prune(self.directory, self.keep, path)
+        seconds = time.perf_counter() - started
+        durations.add("writing a checkpoint file", seconds)
+        if background:  # when it is on disk, for the log: training went on meanwhile
+            print(f"checkpoint {path.name} written in the background in {seconds:.1f} s", flush=True)
+
+    def wait_for_writes(self):
+        """The write in flight on disk before this launch stops; collective (one allgather)."""
+        with self.ctx.watchdog.phase("waiting for the checkpoint write in flight"):
+            collectives.agree_on_errors(self.writer.wait)
 
     def restore(self, check=None):
         """Load the newest readable checkpoint into the components.

@@ -33,7 +33,7 @@ ADJUSTABLE = {
 # Used silently: where things are and how often to report, never what is computed.
 OPERATIONAL = {
     "output_dir", "export_dir", "resume", "data", "init_checkpoint", "threads", "workers",
-    "verify_images", "checkpoint_every", "keep_checkpoints", "log_every", "stop_check_every", "stop_after",
+    "verify_images", "checkpoint_every", "checkpoint_write", "keep_checkpoints", "log_every", "stop_check_every", "stop_after",
     "horovod_timeline", "horovod_autotune", "horovod_autotune_log", "horovod_profile", "config", "take_over_lock",
     "scaled_lr",  # follows from lr, world_size and accumulation_steps, which are compared
     "nonfinite_loss", "max_nonfinite_steps",  # what to do should a loss turn NaN, not what is computed
@@ -81,6 +81,7 @@ class RunSettings(Settings):
     output_dir: str
     resume: bool
     checkpoint_every: int
+    checkpoint_write: str  # auto, async or sync: how rank 0 writes the file (checkpoint.Checkpointer)
     take_over_lock: bool
     keep_checkpoints: int
     stop_after: Optional[int]
