@@ -8,8 +8,8 @@ The trainers' own step (benchmark.py's workloads: train_cnn.py's or pretrain_ber
 optimizer as shared components, one rank), every ``--every`` steps a checkpoint, in
 one process per mode so that each mode's peak RSS is its own. Measured per mode:
 the plain step, the checkpointing step (the step plus ``Checkpointer.write``; async:
-the gather and the copy to host memory), the steps trained while a background write
-is in flight, the copy alone and the file's write (durations), and the peak RSS. The
+the gather and the copy to host memory), the steps begun while a background write
+was in flight, a whole cycle of --every steps with its checkpoint against as many plain steps, the copy alone and the file's write (durations), and the peak RSS. The
 bound of a checkpointing step under async is a plain step plus the copy: its ratio to
 that bound is printed. Medians over the checkpoints; modes alternate round by round.
 """
@@ -62,32 +62,39 @@ def measure(args, directory):
     state_bytes = sum(t.numel() * t.element_size() for t in trainer.model.state_dict().values())
     for _ in range(args.warmup_steps):
         workload.step()
-    plain, checkpointing, in_flight = [], [], []
+    plain, checkpointing, in_flight, cycles = [], [], [], []
     step = 0
     for _ in range(args.checkpoints):
+        cycle_started = time.perf_counter()
         for index in range(args.every):
             step += 1
             started = time.perf_counter()
+            busy = checkpointer.writer.thread is not None and checkpointer.writer.thread.is_alive()
             workload.step()
             if index < args.every - 1:
-                busy = checkpointer.writer.thread is not None and checkpointer.writer.thread.is_alive()
                 (in_flight if busy else plain).append(time.perf_counter() - started)
                 continue
             checkpointer.write(step, {"model": args.model})
             checkpointing.append(time.perf_counter() - started)
+        cycles.append(time.perf_counter() - cycle_started)
     started = time.perf_counter()
     checkpointer.wait_for_writes()
     final_wait = time.perf_counter() - started
     seen = durations.summary()
     copy = seen.get("copying the checkpoint to host memory", {})
     write = seen.get("writing a checkpoint file", {})
-    return {"mode": args.mode, "model_bytes": state_bytes,
+    return {"mode": args.mode, "model_bytes": state_bytes, "every": args.every,
             "checkpoint_bytes": max(p.stat().st_size for p in Path(directory).glob("step-*.pt")),
             "plain_step_s": plain, "checkpointing_step_s": checkpointing, "in_flight_step_s": in_flight,
+            "cycle_s": cycles,
             "copy_s": copy.get("total_s", 0.0) / max(1, copy.get("count", 1)),
             "write_s": write.get("total_s", 0.0) / max(1, write.get("count", 1)),
             "final_wait_s": final_wait, "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "threads": torch.get_num_threads()}
+
+
+def args_every(runs):
+    return runs[0]["every"]
 
 
 def median(values):
@@ -99,7 +106,7 @@ def summarise(runs):
     by_mode = {}
     for run in runs:
         kept = by_mode.setdefault(run["mode"], {"plain_step_s": [], "checkpointing_step_s": [], "in_flight_step_s": [],
-                                                "copy_s": [], "write_s": [], "peak_rss_gib": []})
+                                                "cycle_s": [], "copy_s": [], "write_s": [], "peak_rss_gib": []})
         for key in kept:
             kept[key] += run[key] if isinstance(run[key], list) else [run[key]]
     summary = {}
@@ -108,6 +115,7 @@ def summarise(runs):
         figures["peak_rss_gib"] = max(kept["peak_rss_gib"])
         bound = figures["plain_step_s"] + (figures["copy_s"] if mode == "async" else figures["write_s"])
         figures["checkpointing_step_over_plain_plus_copy"] = figures["checkpointing_step_s"] / bound
+        figures["cycle_over_plain_steps"] = figures["cycle_s"] / (args_every(runs) * figures["plain_step_s"])
         summary[mode] = figures
     return summary
 
@@ -136,7 +144,8 @@ def main():
               f"{figures['checkpointing_step_s']:.3f} s (copy {figures['copy_s']:.3f} s, file write "
               f"{figures['write_s']:.3f} s), steps during a write {figures['in_flight_step_s']:.3f} s, "
               f"peak RSS {figures['peak_rss_gib']:.2f} GiB; checkpointing step / (plain step + "
-              f"{'copy' if mode == 'async' else 'write'}) = {figures['checkpointing_step_over_plain_plus_copy']:.3f}")
+              f"{'copy' if mode == 'async' else 'write'}) = {figures['checkpointing_step_over_plain_plus_copy']:.3f}; "
+              f"{args.every} steps with a checkpoint / {args.every} plain steps = {figures['cycle_over_plain_steps']:.3f}")
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps({"runs": runs, "summary": summary, "arguments": vars(args)}, default=str,
