@@ -387,3 +387,24 @@ def test_the_checkpoint_manager_saves_at_its_cadence_and_commits_only_while_the_
     else:
         assert done == [[], [], ["hooks", "checkpoint 3"], ["hooks", "checkpoint 4 best"],
                         ["hooks", "checkpoint 5", "on disk"], ["hooks", "checkpoint 6", "on disk"]]
+
+
+def test_the_background_writer_keeps_one_write_in_flight_and_reports_its_failure_once(capsys):
+    from hvdtrain.runtime.checkpoint import BackgroundWriter
+    writer, order = BackgroundWriter(), []
+    writer.start(lambda: order.append("first"), "step-1.pt")
+    writer.wait()  # the next write starts only once the first is done
+    writer.start(lambda: order.append("second"), "step-2.pt")
+    writer.wait()
+    assert order == ["first", "second"]
+
+    def full_disk():
+        raise OSError(28, "No space left on device")
+    writer.start(full_disk, "step-3.pt")
+    with pytest.raises(UsageError, match=r"writing the checkpoint step-3.pt failed \(OSError: \[Errno 28\] No space "
+                                         r"left on device\); the previous checkpoint is the newest valid one"):
+        writer.wait()
+    writer.wait()  # said once
+    writer.start(full_disk, "step-4.pt")
+    writer.finish()  # an --elastic reset: said as a warning, nothing raised
+    assert "warning: writing the checkpoint step-4.pt failed" in capsys.readouterr().out

@@ -14,6 +14,7 @@ import horovod.torch as hvd
 from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.runner.elastic.worker import HostUpdateResult
 
+from hvdtrain.runtime.checkpoint import BackgroundWriter
 from hvdtrain.runtime.elastic import Commits
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.liveness.watchdog import Watchdog
@@ -22,7 +23,7 @@ from hvdtrain.liveness.watchdog import Watchdog
 def commits():
     """Commits of one component, built from its parts: a checkpointer, a context, a world to follow."""
     ctx = SimpleNamespace(print0=print, watchdog=Watchdog(0, watch=False))
-    checkpointer = SimpleNamespace(shared={"train_state": TrainState()}, per_rank={})
+    checkpointer = SimpleNamespace(shared={"train_state": TrainState()}, per_rank={}, writer=BackgroundWriter())
     return Commits(checkpointer, ctx, 1, start=None, adopt_new_world=lambda started: None)
 
 

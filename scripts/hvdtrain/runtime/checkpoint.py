@@ -236,6 +236,14 @@ class BackgroundWriter:
         if failure:
             raise UsageError(failure)
 
+    def finish(self):
+        """The write in flight on disk, here and now (no collective: an --elastic reset, whose world
+        is being re-formed); a failure is said as a warning, and the next checkpoint is written anew."""
+        try:
+            self.wait()
+        except UsageError as failure:
+            print(f"warning: {failure}", flush=True)
+
 
 def write_failure(what, error):
     return (f"writing the checkpoint {what} failed ({error.__class__.__name__}: {error}); the previous "

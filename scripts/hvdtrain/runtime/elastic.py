@@ -149,6 +149,9 @@ class Commits(State):
         self._host_messages = arrived_during_the_reset
 
     def _enter_reset_phase(self):
+        # A checkpoint written in the background is on disk before the world changes: its writer
+        # (rank 0 until now) may not be rank 0 of the new world, which writes the next ones.
+        self.checkpointer.writer.finish()
         # Updates received until now are part of this reset: the driver forms the new world from them.
         self._host_messages = queue.Queue()
         # Shutting Horovod down and waiting for the new world can take a while: not a stall.
