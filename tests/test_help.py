@@ -134,6 +134,7 @@ OTHER_PROGRAMS = {
     "tools/link_study.py": {"--hosts", "--rates", "--models", "--fusion-mb", "--rounds", "--summarize-only"},
     "tools/scale_study.py": {"--ranks", "--hosts", "--steps", "--no-elastic", "--json"},
     "tools/measure_optimizer_step.py": {"--device", "--compare"},
+    "tools/measure_checkpoint_stall.py": {"--every", "--checkpoints", "--dir"},
 }
 
 
