@@ -51,6 +51,7 @@ def main():
     parser.add_argument("mode", choices=("save", "restore"))
     parser.add_argument("--elements", type=int, default=1000)
     parser.add_argument("--node-local", action="store_true")
+    parser.add_argument("--write", choices=("sync", "async"), default="sync", help="--checkpoint-write")
     args = parser.parse_args()
     ctx = dist.init()
     directory = args.directory
@@ -66,10 +67,14 @@ def main():
     model = Model(args.elements, fill)
     counter = Counter(7 if saving else 0)
     checkpointer = Checkpointer(ctx, directory, shared={"model": model}, per_rank={"rng": RngState(0),
-                                "counter": Counter(100 + ctx.rank if saving else -1)}, keep=2)
+                                "counter": Counter(100 + ctx.rank if saving else -1)}, keep=2,
+                                write_mode=args.write)
     checkpointer.shared["counter"] = counter
     if saving:
         checkpointer.save(step=5, settings={"elements": args.elements})
+        # Training goes on while an async write is in flight: the file holds what was saved.
+        model.weight.data.fill_(9.0)
+        checkpointer.wait_for_writes()
         print(f"rank {ctx.rank}: saved", flush=True)
         return
 
