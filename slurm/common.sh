@@ -17,6 +17,10 @@
 #                        it Slurm ends the whole job when one of its nodes fails
 #   MIN_NP=N             the fewest ranks an elastic job goes on with (default: one
 #                        node's tasks, SLURM_NTASKS_PER_NODE)
+#   MIN_NODES=N          the fewest nodes a requeued run may start on (default: the
+#                        nodes this run has; after a straggler, one fewer). Fewer nodes
+#                        are taken only when no more are free; the ranks then resume the
+#                        checkpoint on fewer ranks (exactly so with --global-batch)
 #   LAUNCHER_ARGS="..."  extra launcher arguments, e.g. "--gloo" for horovodrun,
 #                        "--blacklist-cooldown-range 60 600" for horovodrun-elastic
 #   PYTHON=python        the ranks' interpreter (the activated venv's by default)
@@ -34,7 +38,15 @@
 # with status 5, rank 0 having written the slow rank's node to
 # HVDTRAIN_STRAGGLER_FILE; the job is requeued with that node added to its
 # excluded nodes (requeuehold, update ExcNodeList, release), so the next run
-# resumes from the checkpoint on other nodes.
+# resumes from the checkpoint on other nodes, or on the nodes left when no
+# other is free.
+#
+# Node counts: the launch is sized from the allocation this run got
+# (SLURM_TASKS_PER_NODE), so `sbatch --nodes=MIN-MAX --ntasks-per-node=R` runs
+# R ranks on each of the nodes Slurm gives. Slurm pins a started job to the
+# nodes it got: a requeued run of `--nodes=2-4` that had 4 waits for 4
+# (measured, Slurm 22.05). A requeue from here therefore sets the range again,
+# MIN_NODES up to the nodes this run had, and the tasks to MIN_NODES x R.
 #
 # SIGTERM (scancel, preemption, the time limit) makes the ranks checkpoint and
 # exit 0 like USR1, and the trap passes it on like USR1 (without the requeue).
@@ -49,6 +61,20 @@
 
 hvd_log() { printf '[hvd %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 hvd_fail() { printf '%s: error: %s\n' "${SLURM_JOB_NAME:-${0##*/}}" "$*" >&2; exit 2; }
+
+# This run's ranks: the sum of SLURM_TASKS_PER_NODE ("2(x3),1" is 7). Slurm keeps
+# SLURM_NTASKS from the submission: a run requeued onto fewer nodes would
+# otherwise start the first run's number of ranks on them (measured, Slurm 22.05).
+hvd_allocated_tasks() {
+    local part count times total=0 parts
+    IFS=, read -r -a parts <<< "$SLURM_TASKS_PER_NODE"
+    for part in "${parts[@]}"; do
+        count=${part%%(*} times=1
+        [[ "$part" == *"(x"* ]] && { times=${part#*(x}; times=${times%)}; }
+        total=$(( total + count * times ))
+    done
+    echo "$total"
+}
 
 # The -H string for horovodrun: every node of the job with its task count.
 hvd_horovodrun_hosts() {
@@ -167,21 +193,58 @@ hvd_wait_launcher() {
     done
 }
 
-# Requeue this job with node $1 added to its excluded nodes; the next run resumes elsewhere.
-hvd_requeue_without() {
-    local node=$1 excluded
-    excluded=$(scontrol show job "$SLURM_JOB_ID" | grep -o 'ExcNodeList=[^ ]*' | cut -d= -f2)
-    [ "$excluded" = "(null)" ] && excluded=""
-    hvd_log "requeueing job $SLURM_JOB_ID without node $node (a straggler); its next run resumes from the checkpoint"
-    # Held while its excluded nodes change: released, it may start at once.
+# The fewest nodes a requeued run may start on: MIN_NODES, else this run's node
+# count, one fewer after a straggler ($1 = 1).
+hvd_requeue_min_nodes() {
+    local nodes=${SLURM_JOB_NUM_NODES:-1}
+    if [ -n "${MIN_NODES:-}" ]; then
+        echo "$(( MIN_NODES < nodes ? MIN_NODES : nodes ))"
+    elif [ "$1" = 1 ] && [ "$nodes" -gt 1 ]; then
+        echo "$(( nodes - 1 ))"
+    else
+        echo "$nodes"
+    fi
+}
+
+# Requeue this job; its next run resumes from the checkpoint. $1: a node to add
+# to its excluded nodes (a straggler's), or empty. The job may then start on
+# hvd_requeue_min_nodes up to the nodes it has now.
+hvd_requeue() {
+    local node=$1 nodes=${SLURM_JOB_NUM_NODES:-1} min_nodes update excluded
+    min_nodes=$(hvd_requeue_min_nodes "${node:+1}")
+    update=()
+    if [ -n "$node" ]; then
+        excluded=$(scontrol show job "$SLURM_JOB_ID" | grep -o 'ExcNodeList=[^ ]*' | cut -d= -f2)
+        [ "$excluded" = "(null)" ] && excluded=""
+        update+=(ExcNodeList="${excluded:+$excluded,}$node")
+    fi
+    if [ "$min_nodes" -lt "$nodes" ]; then
+        if [ -n "${SLURM_NTASKS_PER_NODE:-}" ]; then
+            update+=(NumNodes="$min_nodes-$nodes" NumTasks=$(( min_nodes * SLURM_NTASKS_PER_NODE )))
+        else
+            hvd_log "the requeued job keeps its $nodes nodes: submit with --ntasks-per-node to let it start on fewer"
+        fi
+    fi
+    local where=""
+    [ -n "$node" ] && where=" without node $node (a straggler)"
+    [ "$min_nodes" -lt "$nodes" ] && where+=" on $min_nodes to $nodes nodes"
+    hvd_log "requeueing job $SLURM_JOB_ID$where; its next run resumes from the checkpoint"
+    if [ "${#update[@]}" -eq 0 ]; then
+        scontrol requeue "$SLURM_JOB_ID" && return
+        hvd_log "scontrol requeue failed: submit the same command again to resume"
+        exit 1
+    fi
+    # Held while it changes: released, it may start at once.
     # requeuehold ends this very script (SIGTERM now, SIGKILL after KillWait), so
     # TERM is ignored from here on, by the shell and by the scontrol it starts
     # (an ignored signal stays ignored across exec): update and release finish
     # in that grace even when the controller answers slowly.
     trap '' TERM
     scontrol requeuehold "$SLURM_JOB_ID" &&
-        scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="${excluded:+$excluded,}$node" &&
-        scontrol release "$SLURM_JOB_ID" || { hvd_log "requeue without $node failed: resubmit with --exclude=$node"; exit 1; }
+        scontrol update JobId="$SLURM_JOB_ID" "${update[@]}" &&
+        scontrol release "$SLURM_JOB_ID" && return
+    hvd_log "requeue failed: submit the same command again${node:+ with --exclude=$node} to resume"
+    exit 1
 }
 
 # hvd_run SCRIPT [ARGS...]: run SCRIPT on every rank of the job, requeue on USR1.
@@ -192,11 +255,15 @@ hvd_run() {
     shift
     [ -n "${SLURM_JOB_ID:-}" ] || hvd_fail "not inside a Slurm job: submit this file with sbatch"
     [ -f "$HVD_SCRIPT" ] || hvd_fail "$HVD_SCRIPT not found: submit from the repository root or set HVD_REPO"
+    [[ -z "${MIN_NODES:-}" || "$MIN_NODES" =~ ^[1-9][0-9]*$ ]] ||
+        hvd_fail "MIN_NODES=$MIN_NODES: give the fewest nodes a requeued run may start on, a number from 1"
     LAUNCHER=${LAUNCHER:-srun}
     PYTHON=${PYTHON:-python}
     # One thread per core of each rank; srun (since Slurm 22.05) no longer
     # inherits --cpus-per-task from the job, so hand it on explicitly.
     export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+    # srun reads the rank count from SLURM_NTASKS; the others are given it below.
+    [ -n "${SLURM_TASKS_PER_NODE:-}" ] && export SLURM_NTASKS=$(hvd_allocated_tasks) SLURM_NPROCS=$(hvd_allocated_tasks)
     [ -n "${SLURM_CPUS_PER_TASK:-}" ] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
     hvd_launch_command
 
@@ -224,15 +291,9 @@ hvd_run() {
         local straggler
         straggler=$(head -n 1 "$HVDTRAIN_STRAGGLER_FILE")
         rm -f "$HVDTRAIN_STRAGGLER_FILE"
-        hvd_requeue_without "$straggler"
+        hvd_requeue "$straggler"
         exit 0
     fi
-    if [ "$HVD_REQUEUE" = 1 ] && [ "$status" -eq 0 ]; then
-        hvd_log "requeueing job $SLURM_JOB_ID; its next run resumes from the checkpoint"
-        if ! scontrol requeue "$SLURM_JOB_ID"; then
-            hvd_log "scontrol requeue failed: submit the same command again to resume"
-            exit 1
-        fi
-    fi
+    [ "$HVD_REQUEUE" = 1 ] && [ "$status" -eq 0 ] && hvd_requeue ""
     exit "$status"
 }

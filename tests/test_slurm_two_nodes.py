@@ -8,7 +8,9 @@ launcher (srun, mpirun, horovodrun), BERT under srun (the others: `make
 test-scale`); the horovodrun CNN run is sent USR1, is
 requeued and ends with the same weights as the uninterrupted runs; probe jobs
 (tests/workers/preemptible.py) show which rank each launcher lets the signal
-reach. All jobs are submitted together and run side by side; every wait is bounded.
+reach; a CNN run whose rank on hvd-b is slowed is requeued without hvd-b and
+finishes on hvd-a alone. All jobs are submitted together and run side by side;
+every wait is bounded.
 """
 import json
 import re
@@ -17,9 +19,11 @@ import time
 import pytest
 
 from support.bert_data import prepare_bert_data
+from support.commands import SLOW_RANK_WATCH, SLOW_SHARE
 from support.launch import REPO
 from support.needs import require_module, require_program
-from support.selected import selected_values
+from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
+from support.selected import is_selected, selected_values
 from support.slurm_cluster import running_on
 from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, ended, events, probe_sbatch,
                                 send_usr1_to_batch_shell)
@@ -34,6 +38,12 @@ CNN_RUN = ["--model", "convnet", "--dataset", "digits", "--epochs", "5", "--max-
            "--keep-checkpoints", "1"]
 BERT_STEPS = 4
 BERT_RUN = ["--model", "tiny", "--batch-size", "8", "--steps", BERT_STEPS, "--checkpoint-every", "0"]
+# The run that loses hvd-b: long enough that the straggler is named mid-run, on a
+# global batch that keeps its optimisation when it goes on with one rank.
+SHRINK_RUN = ["--model", "convnet", "--dataset", "digits", "--epochs", "20", "--global-batch", "64",
+              "--precision", "fp32", "--keep-checkpoints", "1", *SLOW_RANK_WATCH,
+              "--straggler-action", "checkpoint-exit"]
+DIGITS_TRAIN = 1438  # samples in each epoch's row
 PROBE_STEPS = 40
 # Probe jobs (tests/workers/preemptible.py) that get USR1: name -> (LAUNCHER, LAUNCHER_ARGS,
 # the signal hvd-b's rank gets itself). srun and mpirun forward USR1 to every rank
@@ -58,6 +68,18 @@ def submit_on_two_nodes(cluster, two_hosts, sbatch_file, log, args, launcher, la
                                "PYTHON": str(PYTHON_ON_HOST)})
 
 
+def slow_rank_on_hvd_b(share, out):
+    """An action for act_when_ready: once the run trains (its lock written), its rank 1,
+    the one on hvd-b, gets ``share``'s sliver of a core."""
+    def ready():
+        return (out / "run.lock").exists() and bool(rank_pids(str(out), rank=1))
+
+    def act():
+        for pid in rank_pids(str(out), rank=1):
+            share.add(pid)
+    return ready, act
+
+
 @pytest.fixture(scope="module")
 def two_node_jobs(request, two_node_slurm, two_hosts, tmp_path_factory):
     """Every job of this module, submitted at once; the probes and the horovodrun CNN
@@ -80,39 +102,50 @@ def two_node_jobs(request, two_node_slurm, two_hosts, tmp_path_factory):
         if name not in probes:
             continue
         runs[name] = (probe_sbatch(root), launcher, [root / name, PROBE_STEPS, 0.3], launcher_args)
-    jobs = {name: submit_on_two_nodes(two_node_slurm, two_hosts, sbatch_file, root / f"{name}.out", args, launcher,
-                                      launcher_args)
-            for name, (sbatch_file, launcher, args, launcher_args) in runs.items()}
+    shrinks = is_selected(request, "test_a_job_requeued_without_its_straggler_node_finishes_on_the_node_left")
+    if shrinks:
+        require_cpu_cgroup()
+        runs["cnn-shrinks"] = (SLURM / "train_cnn.sbatch", "srun", [*SHRINK_RUN, "--output-dir", root / "cnn-shrinks"],
+                               "")
+    with cpu_share(SLOW_SHARE) as share:
+        jobs = {name: submit_on_two_nodes(two_node_slurm, two_hosts, sbatch_file, root / f"{name}.out", args,
+                                          launcher, launcher_args)
+                for name, (sbatch_file, launcher, args, launcher_args) in runs.items()}
 
-    # Interrupt once the ranks train: the CNN once rank 0 logs its start, a probe
-    # once both ranks have written their first event; whichever is first.
-    ready = {name: (lambda out=root / name: bool(events(out, 0) and events(out, 1))) for name in probes}
-    if "cnn-horovodrun" in runs:
-        ready["cnn-horovodrun"] = lambda: "convnet on digits" in read_log(root / "cnn-horovodrun.out")
-    signal_when_ready(two_node_slurm, jobs, ready)
-    return {name: ended(two_node_slurm, job, root / f"{name}.out", root / name, JOB_TIMEOUT)
-            for name, job in jobs.items()}
+        # Interrupt once the ranks train: the CNN once rank 0 logs its start, a probe
+        # once both ranks have written their first event; whichever is first.
+        actions = {name: (lambda out=root / name: bool(events(out, 0) and events(out, 1)),
+                          lambda job=jobs[name]: send_usr1_to_batch_shell(two_node_slurm, job)) for name in probes}
+        if "cnn-horovodrun" in runs:
+            actions["cnn-horovodrun"] = (lambda: "convnet on digits" in read_log(root / "cnn-horovodrun.out"),
+                                         lambda: send_usr1_to_batch_shell(two_node_slurm, jobs["cnn-horovodrun"]))
+        if shrinks:
+            actions["cnn-shrinks"] = slow_rank_on_hvd_b(share, root / "cnn-shrinks")
+        act_when_ready(two_node_slurm, jobs, actions)
+        return {name: ended(two_node_slurm, job, root / f"{name}.out", root / name, JOB_TIMEOUT)
+                for name, job in jobs.items()}
 
 
 def read_log(path):
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def signal_when_ready(cluster, jobs, ready):
-    """USR1 to each job's batch shell as soon as its ``ready()`` holds (it must still run)."""
+def act_when_ready(cluster, jobs, actions):
+    """``actions``: {name: (ready, act)}; ``act()`` as soon as ``ready()`` holds, while the
+    job still runs (a job that ended before fails the test)."""
     deadline = time.monotonic() + JOB_TIMEOUT
-    waiting = dict(ready)
+    waiting = dict(actions)
     while waiting:
-        for name, is_ready in list(waiting.items()):
+        for name, (is_ready, act) in list(waiting.items()):
             info = cluster.job(jobs[name])
             if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
-                pytest.fail(f"{name} (job {jobs[name]}) ended before it was signalled: {info}\n"
+                pytest.fail(f"{name} (job {jobs[name]}) ended before it was acted on: {info}\n"
                             f"{cluster.job_output(info)}")
             if is_ready():
-                send_usr1_to_batch_shell(cluster, jobs[name])
+                act()
                 del waiting[name]
         if waiting and time.monotonic() > deadline:
-            pytest.fail(f"not ready to be signalled after {JOB_TIMEOUT} s: {sorted(waiting)}")
+            pytest.fail(f"not ready to be acted on after {JOB_TIMEOUT} s: {sorted(waiting)}")
         time.sleep(0.5)
 
 
@@ -178,3 +211,24 @@ def test_usr1_stops_both_nodes_at_one_step_and_they_resume(two_node_jobs, name):
     assert stop_a["step"] == stop_b["step"] < PROBE_STEPS, (stop_a, stop_b)
     for seen in by_host.values():
         assert seen[2]["step"] == stop_a["step"] and seen[3]["step"] == PROBE_STEPS, seen
+
+
+def test_a_job_requeued_without_its_straggler_node_finishes_on_the_node_left(two_node_jobs):
+    """Rank 1 on hvd-b is slowed: --straggler-action checkpoint-exit names hvd-b, and
+    slurm/common.sh requeues the job without it. No node is spare, so the requeued run
+    starts on hvd-a alone (the job's range set again: 1 to 2 nodes), resumes the two
+    ranks' checkpoint on one rank and finishes: each epoch trained every sample once."""
+    info, log, out = two_node_jobs["cnn-shrinks"]
+    job = info["JobId"]
+    assert info["JobState"] == "COMPLETED" and info.get("Restarts") == "1", f"{info}\n{log}"
+    for expected in ("restart count 0: 2 node(s) hvd-a,hvd-b, 2 ranks", "rank 1 on hvd-b is the straggler",
+                     f"requeueing job {job} without node hvd-b (a straggler) on 1 to 2 nodes",
+                     "restart count 1: 1 node(s) hvd-a, 1 ranks", "resuming 2 ranks' checkpoint on 1"):
+        assert expected in log, f"the log lacks {expected!r}:\n{log}"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == list(range(1, 21)), rows
+    assert {row["train_samples"] for row in rows} == {DIGITS_TRAIN}, rows
+    # The epoch the job stopped in is written by the run on one rank (1438 samples: both runs' share).
+    sizes = [row["world_size"] for row in rows]
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] == 1, sizes
+    assert json.loads((out / "results.json").read_text())["world_size"] == 1

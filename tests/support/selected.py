@@ -7,3 +7,8 @@ def selected_values(request, test, param):
     requesting fixture's module), sorted."""
     return sorted({item.callspec.params[param] for item in request.session.items
                    if item.module is request.module and item.originalname == test})
+
+
+def is_selected(request, test):
+    """Whether ``test`` (a function of the requesting fixture's module) runs in this session."""
+    return any(item.module is request.module and item.originalname == test for item in request.session.items)
