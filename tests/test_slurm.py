@@ -72,10 +72,10 @@ def test_submit_bert_phases_usage_errors(args, fragment):
 
 
 # ---------------------------------------------------------------- helpers
-def submit(cluster, sbatch_file, output, args, launcher="srun", extra=()):
-    """sbatch with our own log file; the job's environment is the test's plus LAUNCHER."""
+def submit(cluster, sbatch_file, output, args, launcher="srun", extra=(), env=None):
+    """sbatch with our own log file; the job's environment is the test's plus LAUNCHER and ``env``."""
     return cluster.sbatch(["--output", output, *extra, sbatch_file, *map(str, args)],
-                          env={"LAUNCHER": launcher})
+                          env={"LAUNCHER": launcher, **(env or {})})
 
 
 def wait_for_text(path, text, timeout, cluster, job):
@@ -96,13 +96,16 @@ def slurm_time(value):
 
 
 # ---------------------------------------------------------------- jobs on the cluster
-def test_unknown_launcher_fails_the_job_with_one_line(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("setting, line", [
+    ({"LAUNCHER": "ssh"}, "LAUNCHER=ssh: choose srun, mpirun, horovodrun or horovodrun-elastic"),
+    ({"MIN_NODES": "0"}, "MIN_NODES=0: give the fewest nodes a requeued run may start on, a number from 1"),
+], ids=["LAUNCHER", "MIN_NODES"])
+def test_a_bad_setting_fails_the_job_with_one_line(slurm_cluster, tmp_path, setting, line):
     log = tmp_path / "job.out"
-    job = submit(slurm_cluster, SLURM / "train_cnn.sbatch", log, ["--max-steps", "1"], launcher="ssh")
+    job = submit(slurm_cluster, SLURM / "train_cnn.sbatch", log, ["--max-steps", "1"], env=setting)
     info = slurm_cluster.wait_for_end(job, 60)
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0", info
-    assert log.read_text().strip().splitlines() == [
-        "train-cnn: error: LAUNCHER=ssh: choose srun, mpirun, horovodrun or horovodrun-elastic"]
+    assert log.read_text().strip().splitlines() == [f"train-cnn: error: {line}"]
 
 
 def test_usr1_reaches_every_rank_then_requeue_and_resume_with_every_launcher(
