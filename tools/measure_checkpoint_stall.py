@@ -69,7 +69,7 @@ def measure(args, directory):
         for index in range(args.every):
             step += 1
             started = time.perf_counter()
-            busy = checkpointer.writer.thread is not None and checkpointer.writer.thread.is_alive()
+            busy = checkpointer.writer.busy
             workload.step()
             if index < args.every - 1:
                 (in_flight if busy else plain).append(time.perf_counter() - started)

@@ -225,6 +225,11 @@ class BackgroundWriter:
         self.thread = threading.Thread(target=run, name="checkpoint-writer")
         self.thread.start()
 
+    @property
+    def busy(self):
+        """Whether a write is in flight now."""
+        return self.thread is not None and self.thread.is_alive()
+
     def wait(self):
         """Block until the write in flight has ended; a UsageError (one line, exit 2) if it failed:
         --output-dir could not take it (a full disk, an I/O error, a lost mount)."""

@@ -63,8 +63,7 @@ class CnnSettings(RunSettings):
         """Without --global-batch the LR follows the global batch (used_lr)."""
         if self.use_adasum:
             return ""
-        lr = lambda size: self.lr * size * self.accumulation_steps  # noqa: E731 - used_lr's, per --batch-size
-        return f" and the LR from {lr(old_size):g} to {lr(self.world_size):g}"
+        return f" and the LR from {scaled_lr(self, old_size):g} to {scaled_lr(self, self.world_size):g}"
 
     @classmethod
     def saved_as_now(cls, saved):
@@ -260,6 +259,11 @@ def global_batch(settings, size):
     return settings.global_batch or size * settings.batch_size * settings.accumulation_steps  # also of args
 
 
+def scaled_lr(settings, size):
+    """--lr is per --batch-size samples: the LR of the global batch at ``size`` ranks."""
+    return settings.lr * global_batch(settings, size) / settings.batch_size
+
+
 def steps_per_epoch(settings, size, samples):
     """An epoch's steps at ``size`` ranks: whole global batches (ShardedSampler), or under
     --elastic and --global-batch the last step taking what is left (sampling.global_steps)."""
@@ -275,8 +279,8 @@ def used_lr(settings, ctx):
     scales by the local GPUs only, where NCCL sums them before Adasum runs.
     """
     passes = settings.accumulation_steps
-    if not settings.use_adasum:  # --lr is per --batch-size samples
-        return settings.lr * global_batch(settings, ctx.size) / settings.batch_size
+    if not settings.use_adasum:
+        return scaled_lr(settings, ctx.size)
     local = ctx.local_size if ctx.device.type == "cuda" and hvd.nccl_built() else 1
     return settings.lr * passes * local
 
