@@ -210,24 +210,20 @@ hvd_requeue_min_nodes() {
 # to its excluded nodes (a straggler's), or empty. The job may then start on
 # hvd_requeue_min_nodes up to the nodes it has now.
 hvd_requeue() {
-    local node=$1 nodes=${SLURM_JOB_NUM_NODES:-1} min_nodes update excluded
+    local node=$1 nodes=${SLURM_JOB_NUM_NODES:-1} min_nodes update=() excluded where=""
     min_nodes=$(hvd_requeue_min_nodes "${node:+1}")
-    update=()
     if [ -n "$node" ]; then
         excluded=$(scontrol show job "$SLURM_JOB_ID" | grep -o 'ExcNodeList=[^ ]*' | cut -d= -f2)
         [ "$excluded" = "(null)" ] && excluded=""
         update+=(ExcNodeList="${excluded:+$excluded,}$node")
+        where=" without node $node (a straggler)"
     fi
-    if [ "$min_nodes" -lt "$nodes" ]; then
-        if [ -n "${SLURM_NTASKS_PER_NODE:-}" ]; then
-            update+=(NumNodes="$min_nodes-$nodes" NumTasks=$(( min_nodes * SLURM_NTASKS_PER_NODE )))
-        else
-            hvd_log "the requeued job keeps its $nodes nodes: submit with --ntasks-per-node to let it start on fewer"
-        fi
+    if [ "$min_nodes" -lt "$nodes" ] && [ -z "${SLURM_NTASKS_PER_NODE:-}" ]; then
+        hvd_log "the requeued job keeps its $nodes nodes: submit with --ntasks-per-node to let it start on fewer"
+    elif [ "$min_nodes" -lt "$nodes" ]; then
+        update+=(NumNodes="$min_nodes-$nodes" NumTasks=$(( min_nodes * SLURM_NTASKS_PER_NODE )))
+        where+=" on $min_nodes to $nodes nodes"
     fi
-    local where=""
-    [ -n "$node" ] && where=" without node $node (a straggler)"
-    [ "$min_nodes" -lt "$nodes" ] && where+=" on $min_nodes to $nodes nodes"
     hvd_log "requeueing job $SLURM_JOB_ID$where; its next run resumes from the checkpoint"
     if [ "${#update[@]}" -eq 0 ]; then
         scontrol requeue "$SLURM_JOB_ID" && return
