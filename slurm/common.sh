@@ -268,7 +268,9 @@ hvd_run() {
         "${OMP_NUM_THREADS} thread(s) each, GPUs ${CUDA_VISIBLE_DEVICES:-none}, launcher $LAUNCHER"
     HVD_REQUEUE=0
     # Where rank 0 names a straggler's node (on the shared filesystem, like --output-dir).
-    export HVDTRAIN_STRAGGLER_FILE=${HVDTRAIN_STRAGGLER_FILE:-${SLURM_SUBMIT_DIR:-$PWD}/.hvd-straggler-$SLURM_JOB_ID}
+    # Named by cluster and job: clusters that share a home directory number their jobs alike
+    # (the suite's two clusters did, and one requeued the other's job without its straggler).
+    export HVDTRAIN_STRAGGLER_FILE=${HVDTRAIN_STRAGGLER_FILE:-${SLURM_SUBMIT_DIR:-$PWD}/.hvd-straggler-${SLURM_CLUSTER_NAME:-slurm}-$SLURM_JOB_ID}
     rm -f "$HVDTRAIN_STRAGGLER_FILE"
     trap hvd_on_usr1 USR1
     trap hvd_on_term TERM
