@@ -259,7 +259,10 @@ hvd_run() {
     # inherits --cpus-per-task from the job, so hand it on explicitly.
     export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
     # srun reads the rank count from SLURM_NTASKS; the others are given it below.
-    [ -n "${SLURM_TASKS_PER_NODE:-}" ] && export SLURM_NTASKS=$(hvd_allocated_tasks) SLURM_NPROCS=$(hvd_allocated_tasks)
+    if [ -n "${SLURM_TASKS_PER_NODE:-}" ]; then
+        SLURM_NTASKS=$(hvd_allocated_tasks)
+        export SLURM_NTASKS SLURM_NPROCS=$SLURM_NTASKS
+    fi
     [ -n "${SLURM_CPUS_PER_TASK:-}" ] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
     hvd_launch_command
 
