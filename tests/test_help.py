@@ -135,6 +135,8 @@ OTHER_PROGRAMS = {
     "tools/scale_study.py": {"--ranks", "--hosts", "--steps", "--no-elastic", "--json"},
     "tools/measure_optimizer_step.py": {"--device", "--compare"},
     "tools/measure_checkpoint_stall.py": {"--every", "--checkpoints", "--dir"},
+    "tools/measure_image_pipeline.py": {"--image-size", "--loader-workers", "--trainer-model", "--data", "--rounds",
+                                        "--per-round"},
 }
 
 

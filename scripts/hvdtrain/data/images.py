@@ -1,16 +1,19 @@
 """Image data sets for the CNN trainer: digits, cifar10, imagefolder, synthetic.
 
-No torchvision: images are read with Pillow and transformed with Pillow and
-torch ops. Random augmentation never touches the global RNG: each sample draws
-from a generator seeded by (seed, epoch, sample index), so a sample is
-augmented the same way whichever rank, DataLoader worker or resumed run loads
+No torchvision: images are read with Pillow and transformed with torch ops.
+Random augmentation never touches the global RNG: each sample draws from a
+generator seeded by (seed, epoch, sample index), so a sample is augmented the
+same way whichever rank, DataLoader worker or resumed run loads
 it. That is what makes stop-and-resume bit-exact and the result independent of
 how the global batch is split across workers.
 """
+import functools
 import importlib.util
 import math
 import pickle
 from pathlib import Path
+
+import warnings
 
 import numpy as np
 import torch
@@ -24,6 +27,8 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
+# ImageFolder hands the bytes of a decoded crop to torch without a copy; they are only read.
+warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning, __name__)
 # Native resolution of each data set; --image-size overrides it.
 DEFAULT_IMAGE_SIZE = {"digits": 16, "cifar10": 32, "imagefolder": 224, "synthetic": 32}
 
@@ -246,24 +251,73 @@ def load_rgb(path):
     """Any Pillow mode (L, P, RGBA, CMYK, I;16, ...) as 8-bit RGB."""
     from PIL import Image
     with Image.open(path) as image:
-        if image.mode == "P" or image.mode == "LA":
-            image = image.convert("RGBA")  # palette transparency without a warning
-        if image.mode.startswith("I"):  # 16/32-bit grey: scale to 8 bits
-            array = np.asarray(image, dtype=np.float64)
-            peak = 65535.0 if array.max() > 255 else 255.0
-            image = Image.fromarray((array * (255.0 / peak)).clip(0, 255).astype(np.uint8))
-        return image.convert("RGB")
+        return as_rgb(image)
+
+
+def as_rgb(image):
+    """An opened image, decoded, as 8-bit RGB (the image itself when it is RGB already)."""
+    from PIL import Image
+    image.load()
+    if image.mode == "RGB":
+        return image
+    if image.mode == "P" or image.mode == "LA":
+        image = image.convert("RGBA")  # palette transparency without a warning
+    if image.mode.startswith("I"):  # 16/32-bit grey: scale to 8 bits
+        array = np.asarray(image, dtype=np.float64)
+        peak = 65535.0 if array.max() > 255 else 255.0
+        image = Image.fromarray((array * (255.0 / peak)).clip(0, 255).astype(np.uint8))
+    return image.convert("RGB")
+
+
+def normalize_pixels(batch):
+    """ImageFolder's uint8 batch as floats, ImageNet-normalised, on the batch's device."""
+    multiplier, offset = _normalization(batch.device)
+    return torch.addcmul(offset, batch.float(), multiplier)
+
+
+@functools.lru_cache(maxsize=None)
+def _normalization(device):
+    """(x / 255 - mean) / std as one multiply-add: the multiplier and the offset."""
+    mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
+    return (1.0 / (255.0 * std)).view(3, 1, 1).to(device), (-mean / std).view(3, 1, 1).to(device)
+
+
+def reduced_decode(image, box, size):
+    """Have a JPEG decoded at 1/2, 1/4 or 1/8 scale where the crop ``box`` keeps at
+    least ``size`` pixels a side, and return the box in the reduced image.
+
+    libjpeg scales in the DCT domain while it decodes (Pillow's ``draft``): a crop
+    that is downscaled anyway costs a fraction of the full decode. The crop stays
+    the same region of the picture, so the augmentation is unchanged; the pixels
+    differ by resampling only (tests/test_images.py compares them). Other formats,
+    and crops smaller than twice ``size``, decode at full size."""
+    crop_side = min(box[2] - box[0], box[3] - box[1])
+    factor = next((f for f in (8, 4, 2) if crop_side >= f * size), 1)
+    if factor == 1:
+        return box
+    width, height = image.size
+    drafted = image.draft(None, (width // factor, height // factor))
+    if drafted is None:  # not a JPEG (or already configured)
+        return box
+    scale = width / drafted[1][2]
+    return tuple(x / scale for x in box)
 
 
 class ImageFolder(KeyedDataset):
     """Files decoded with Pillow. Training: random-resized-crop + flip; validation:
-    centre crop of 87.5% of the short side (the usual resize-256, crop-224)."""
+    centre crop of 87.5% of the short side (the usual resize-256, crop-224).
 
-    def __init__(self, samples, size, train, seed=0, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    A sample is 3 x size x size uint8 pixels: the trainer normalises whole batches on
+    its device (``normalize_pixels``), and a worker hands it a quarter of the bytes
+    that floats would take. The crop is drawn from the file's header before anything
+    is decoded, so that a JPEG is decoded at the smallest scale the crop allows
+    (``reduced_decode``; False decodes at full size: the reference of the tests and
+    of tools/measure_image_pipeline.py)."""
+
+    def __init__(self, samples, size, train, seed=0, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                 reduced_decode=True):
         self.samples, self.size, self.train, self.seed = samples, size, train, seed
-        self.scale, self.ratio = scale, ratio
-        self.mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-        self.std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+        self.scale, self.ratio, self.reduced_decode = scale, ratio, reduced_decode
 
     def __len__(self):
         return len(self.samples)
@@ -271,18 +325,25 @@ class ImageFolder(KeyedDataset):
     def __getitem__(self, index):
         from PIL import Image
         path, label = self.samples[index]
-        image = load_rgb(path)
-        if self.train:
-            generator = sample_generator(self.seed, self.epoch, index)
-            box = self._random_box(image.size, generator)
-            mirror = bool(torch.rand(1, generator=generator) < 0.5)
-        else:
-            box, mirror = _centre_box(image.size, 0.875), False
-        image = image.resize((self.size, self.size), Image.BILINEAR, box=box)
+        with Image.open(path) as image:
+            if self.train:
+                generator = sample_generator(self.seed, self.epoch, index)
+                box = self._random_box(image.size, generator)
+                mirror = bool(torch.rand(1, generator=generator) < 0.5)
+            else:
+                box, mirror = _centre_box(image.size, 0.875), False
+            if self.reduced_decode:
+                box = reduced_decode(image, box, self.size)
+            crop = as_rgb(image).crop(box)  # a reduced box rounds to whole pixels of the reduced image
+        # Pillow's own 4-byte pixels (RGBX) are the channels-last layout of torch's vectorised
+        # uint8 resize: the bilinear filter with antialiasing of Pillow's resize, 4x faster here.
+        width, height = crop.size
+        pixels = torch.frombuffer(crop.tobytes("raw", "RGBX"), dtype=torch.uint8)  # read only: a new tensor below
+        pixels = pixels.view(1, height, width, 4).permute(0, 3, 1, 2)
+        pixels = F.interpolate(pixels, size=(self.size, self.size), mode="bilinear", antialias=True)[0, :3]
         if mirror:
-            image = image.transpose(Image.FLIP_LEFT_RIGHT)
-        tensor = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
-        return (tensor.float() / 255.0 - self.mean) / self.std, label
+            pixels = pixels.flip(-1)
+        return pixels, label
 
     def _random_box(self, image_size, generator):
         """RandomResizedCrop's box: random area fraction and log-uniform aspect ratio."""

@@ -161,8 +161,10 @@ class Trainer:
 
     def to_device(self, images_batch, targets):
         layout = torch.channels_last if self.channels_last else torch.preserve_format
-        return (images_batch.to(self.device, non_blocking=True, memory_format=layout),
-                targets.to(self.device, non_blocking=True))
+        images_batch = images_batch.to(self.device, non_blocking=True, memory_format=layout)
+        if images_batch.dtype == torch.uint8:  # image files' pixels: normalised here, a batch at once
+            images_batch = images.normalize_pixels(images_batch)
+        return images_batch, targets.to(self.device, non_blocking=True)
 
     def autocast(self):
         dtype = precision.DTYPES[self.precision]
