@@ -95,7 +95,7 @@ def test_the_gloo_controller_gets_the_measured_cycle_time(tmp_path, transport, n
     from hvdtrain.runtime import dist
     ok(horovodrun(2, [BENCH, *CNN, "--output", tmp_path / "default.json"], timeout=240, transport=transport))
     knobs = result(tmp_path / "default.json")["environment"]["knobs"]
-    assert knobs.get("HOROVOD_CYCLE_TIME") == (dist.GLOO_CYCLE_TIME_MS if transport == "gloo" else None)
+    assert knobs.get("HOROVOD_CYCLE_TIME") == (dist.GLOO_CYCLE_TIME_MS["cpu"] if transport == "gloo" else None)
     if transport == "gloo":
         ok(horovodrun(2, [BENCH, *CNN, "--output", tmp_path / "set.json"], timeout=240, transport=transport,
                       env={"HOROVOD_CYCLE_TIME": "3"}))

@@ -32,3 +32,27 @@ def test_a_waiting_rank_leaves_its_core_free(transport, need_horovod, need_mpi):
     assert found, run.describe()
     assert float(found.group(1)) < 0.3, f"rank 0's main thread used {found.group(1)} CPU s/s while waiting\n" \
                                         f"{run.describe()}"
+
+
+CYCLES = REPO / "tests" / "workers" / "gloo_cycles.py"
+
+
+def test_an_idle_gloo_controller_skips_its_negotiation_rounds(tmp_path, need_horovod):
+    """Two ranks with nothing in flight for 2 s at a 5 ms cycle: stock Horovod negotiates
+    every cycle over TCP (about 400 rounds, each costing the ranks CPU); the patched
+    controller checks for work every cycle but negotiates every 100 ms (about 20)."""
+    timeline = tmp_path / "timeline.json"
+    run = horovodrun(2, [CYCLES, "idle", "2"], timeout=120, transport="gloo",
+                     extra=["--cycle-time-ms", "5", "--timeline-filename", timeline, "--timeline-mark-cycles"])
+    assert run.returncode == 0 and not run.timed_out, run.describe()
+    cycles = timeline.read_text().count("CYCLE_START")
+    assert 5 <= cycles < 100, f"{cycles} negotiation rounds in 2 s idle\n{run.describe()}"
+
+
+def test_a_rank_waiting_on_a_handle_negotiates_at_once_under_gloo(need_horovod):
+    """At a 1 s cycle, 5 synchronous allreduces: stock Horovod starts each at its next
+    cycle (5 s or more); the patched controller cycles when the framework waits."""
+    run = horovodrun(2, [CYCLES, "wait", "5"], timeout=120, transport="gloo", extra=["--cycle-time-ms", "1000"])
+    assert run.returncode == 0 and not run.timed_out, run.describe()
+    found = re.search(r"allreduces=5 seconds=([0-9.]+)", run.rank_output(0))
+    assert found and float(found.group(1)) < 2.5, run.describe()

@@ -17,9 +17,13 @@ from hvdtrain.liveness import failures, peers, watchdog as watchdog_module
 from hvdtrain.runtime.collectives import agree_on_errors
 
 # HOROVOD_CYCLE_TIME (ms) under the Gloo controller (horovodrun --gloo, --elastic) unless
-# set: Gloo negotiates over TCP every cycle, and at Horovod's 1 ms that costs the
-# training threads CPU time (README, Performance: scripts/benchmark.py compare).
-GLOO_CYCLE_TIME_MS = "5"
+# set. Gloo negotiates over TCP, about 1 ms of a rank's CPU a cycle; with the setup's
+# patch a rank cycles only while it has collectives in flight, and at once when the step
+# waits for them (hvd.synchronize), so a longer cycle fuses a CPU backward pass into a
+# round or two without delaying the step's end: 0.91 of DDP at 5 ms, 1.0 at 50 on
+# resnet20 (docs/performance.md, The Gloo controller). With CUDA the cores are not the
+# model's, and a short cycle starts the gradients' NCCL allreduces during the backward pass.
+GLOO_CYCLE_TIME_MS = {"cpu": "50", "cuda": "5"}
 
 
 @dataclass
@@ -87,7 +91,8 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
         # (each rank fusing other tensors). Without the cache every cycle negotiates.
         os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
     if os.environ.get("HOROVOD_CONTROLLER") == "gloo":  # horovodrun --gloo sets it
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", GLOO_CYCLE_TIME_MS)
+        device = "cuda" if use_cuda and torch.cuda.is_available() else "cpu"
+        os.environ.setdefault("HOROVOD_CYCLE_TIME", GLOO_CYCLE_TIME_MS[device])
     hvd.init()  # Horovod: start the background communication thread.
 
     # Horovod: one GPU per process (see cuda_device_index); a collective on every
