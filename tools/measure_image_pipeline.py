@@ -73,6 +73,8 @@ def folder_facts(paths):
 # ---- (a)-(c): one image at a time in this process ----
 
 def decode_alone(path):
+    """The bound: open, decode, RGB; the tool's own, so that a checkout measured with
+    PYTHONPATH=OLD/scripts is held to the same bound."""
     with Image.open(path) as image:
         image.load()
         return image if image.mode == "RGB" else image.convert("RGB")
@@ -153,13 +155,10 @@ def normalisation_rate(args, train_set):
     return 20 * args.batch_size / (time.process_time() - cpu)
 
 
-def summary(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
-
-
 def main():
     args = parse_args()
     import torch
+    from hvdtrain.bench import record
     from hvdtrain.data import images
     torch.set_num_threads(1)
     args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -176,10 +175,10 @@ def main():
         reference_set = None
     rates = in_process_rounds(args, paths, train_set, reference_set)
     result = {"command": [sys.executable, *sys.argv], "date": time.strftime("%Y-%m-%d %H:%M"),
-              "machine": {"processor": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+              "machine": {"processor": record.cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
                           "pillow": Image.__version__, "torch": torch.__version__},
               "folder": facts, "image_size": args.image_size,
-              "per_core": {kind: summary(values) for kind, values in rates.items()}}
+              "per_core": {kind: record.summarize(values) for kind, values in rates.items()}}
     bound = result["per_core"]["decode"]["median"]
     print(f"\nper core (images per CPU-second, median of {args.rounds} rounds, min-max):")
     for kind, row in result["per_core"].items():
@@ -207,16 +206,6 @@ def main():
               f"images/s ({ratio:.3f})")
     (args.output_dir / "image_pipeline.json").write_text(json.dumps(result, indent=1))
     print(f"wrote {args.output_dir / 'image_pipeline.json'}")
-
-
-def _cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":
