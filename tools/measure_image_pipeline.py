@@ -12,8 +12,9 @@ interleaved rounds:
 (b) the training transform: ImageFolder(train=True)[i], what a DataLoader worker
     runs per image (decode, random-resized crop, flip, uint8 tensor); the trainer
     normalises whole batches, measured apart;
-(c) the same transform decoding every JPEG at full size (reduced_decode=False),
-    for what decoding at a reduced scale gains;
+(c) the same transform decoding every JPEG whole and at full size
+    (reduced_decode=False, partial_rows=False), for what decoding only what the
+    crop needs gains;
 (d) the DataLoader of one rank at 1, 2 and 4 workers (--loader-workers), batches
     of --batch-size, as train_cnn.py builds it (forkserver workers);
 (e) train_cnn.py on one rank, --dataset imagefolder against --dataset synthetic,
@@ -94,7 +95,7 @@ def in_process_rounds(args, paths, train_set, reference_set):
     pick = lambda r: [indices[(r * args.per_round + i) % len(indices)] for i in range(args.per_round)]  # noqa: E731
     kinds = {"decode": lambda i: decode_alone(paths[i]), "transform": train_set.__getitem__}
     if reference_set is not None:
-        kinds["full_size_decode_transform"] = reference_set.__getitem__
+        kinds["whole_decode_transform"] = reference_set.__getitem__
     for function in kinds.values():  # warm: imports, page cache
         function(0)
     rates = {kind: [] for kind in kinds}
@@ -114,6 +115,7 @@ def loader_rate(train_set, workers, batch_size, batches):
     iterator = iter(loader)
     next(iterator)  # workers started, first batches made: left out
     next(iterator)
+    batches = min(batches, len(train_set) // batch_size - 2)  # within the one epoch
     start = time.perf_counter()
     count = 0
     for _ in range(batches):
@@ -155,6 +157,17 @@ def normalisation_rate(args, train_set):
     return 20 * args.batch_size / (time.process_time() - cpu)
 
 
+def whole_decode_set(images, train, image_size):
+    """The transform decoding every JPEG whole and at full size, in the version imported;
+    None for a version that never decodes less (its (b) is that already)."""
+    for economies in ({"reduced_decode": False, "partial_rows": False}, {"reduced_decode": False}):
+        try:
+            return images.ImageFolder(train, image_size, True, seed=0, **economies)
+        except TypeError:  # an earlier version, without that economy
+            continue
+    return None
+
+
 def main():
     args = parse_args()
     import torch
@@ -169,10 +182,7 @@ def main():
     print(f"{facts['images']} training images, {facts['mean_width']:.0f} x {facts['mean_height']:.0f} px "
           f"on average, {facts['bits_per_pixel']:.2f} bits/pixel ({facts['mean_kib']:.0f} KiB)", flush=True)
     train_set = images.ImageFolder(train, args.image_size, True, seed=0)
-    try:
-        reference_set = images.ImageFolder(train, args.image_size, True, seed=0, reduced_decode=False)
-    except TypeError:  # a version before reduced decoding: (c) is (b)
-        reference_set = None
+    reference_set = whole_decode_set(images, train, args.image_size)
     rates = in_process_rounds(args, paths, train_set, reference_set)
     result = {"command": [sys.executable, *sys.argv], "date": time.strftime("%Y-%m-%d %H:%M"),
               "machine": {"processor": record.cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),

@@ -303,6 +303,29 @@ def reduced_decode(image, box, size):
     return tuple(x / scale for x in box)
 
 
+def decode_rows(image, bottom):
+    """Decode an opened image's rows above ``bottom``; True when they are all there.
+
+    libjpeg decodes a JPEG from the top down, and the rows below a crop are never
+    looked at: told that the image ends at ``bottom``, Pillow's decoder stops there
+    (the rows above are bit for bit those of a whole decode). libjpeg then reports
+    the rows it was not asked for as an error that a broken file raises too; a
+    broken file writes no rows into the new image, which Pillow fills with zeros, so
+    a last row of zeros answers False: decode the file whole (a photo whose row
+    happens to be black costs that second decode, never a wrong pixel)."""
+    width, height = image.size
+    tile = image.tile[0] if len(image.tile) == 1 else None
+    if image.format != "JPEG" or tile is None or tile[0] != "jpeg" or bottom >= height:
+        image.load()
+        return True
+    image.tile = [tile._replace(extents=(0, 0, width, bottom))]
+    try:
+        image.load()
+    except OSError:  # "broken data stream": the rows below bottom, or a broken file
+        pass
+    return any(image.crop((0, bottom - 1, width, bottom)).tobytes())
+
+
 class ImageFolder(KeyedDataset):
     """Files decoded with Pillow. Training: random-resized-crop + flip; validation:
     centre crop of 87.5% of the short side (the usual resize-256, crop-224).
@@ -310,21 +333,38 @@ class ImageFolder(KeyedDataset):
     A sample is 3 x size x size uint8 pixels: the trainer normalises whole batches on
     its device (``normalize_pixels``), and a worker hands it a quarter of the bytes
     that floats would take. The crop is drawn from the file's header before anything
-    is decoded, so that a JPEG is decoded at the smallest scale the crop allows
-    (``reduced_decode``; False decodes at full size: the reference of the tests and
-    of tools/measure_image_pipeline.py)."""
+    is decoded, so that a JPEG is decoded only as far as the crop needs: at the
+    smallest scale the crop allows (``reduced_decode``) and down to the crop's last
+    row (``partial_rows``). Both False decode every file whole, at full size: the
+    reference of the tests and of tools/measure_image_pipeline.py."""
 
     def __init__(self, samples, size, train, seed=0, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
-                 reduced_decode=True):
+                 reduced_decode=True, partial_rows=True):
         self.samples, self.size, self.train, self.seed = samples, size, train, seed
-        self.scale, self.ratio, self.reduced_decode = scale, ratio, reduced_decode
+        self.scale, self.ratio = scale, ratio
+        self.reduced_decode, self.partial_rows = reduced_decode, partial_rows
 
     def __len__(self):
         return len(self.samples)
 
     def __getitem__(self, index):
-        from PIL import Image
         path, label = self.samples[index]
+        crop, mirror = (self._decoded_crop(path, index, self.partial_rows)
+                        or self._decoded_crop(path, index, partial_rows=False))
+        # Pillow's own 4-byte pixels (RGBX) are the channels-last layout of torch's vectorised
+        # uint8 resize: the bilinear filter with antialiasing of Pillow's resize, 4x faster here.
+        width, height = crop.size
+        pixels = torch.frombuffer(crop.tobytes("raw", "RGBX"), dtype=torch.uint8)  # read only: a new tensor below
+        pixels = pixels.view(1, height, width, 4).permute(0, 3, 1, 2)
+        pixels = F.interpolate(pixels, size=(self.size, self.size), mode="bilinear", antialias=True)
+        if mirror:  # on the whole channels-last result: 8x cheaper than on its 3-channel view
+            pixels = pixels.flip(-1)
+        return pixels[0, :3], label
+
+    def _decoded_crop(self, path, index, partial_rows):
+        """(the crop as an RGB image, whether to mirror it); None where the rows that a
+        partial decode left cannot be vouched for (``decode_rows``)."""
+        from PIL import Image
         with Image.open(path) as image:
             if self.train:
                 generator = sample_generator(self.seed, self.epoch, index)
@@ -334,16 +374,9 @@ class ImageFolder(KeyedDataset):
                 box, mirror = _centre_box(image.size, 0.875), False
             if self.reduced_decode:
                 box = reduced_decode(image, box, self.size)
-            crop = as_rgb(image).crop(box)  # a reduced box rounds to whole pixels of the reduced image
-        # Pillow's own 4-byte pixels (RGBX) are the channels-last layout of torch's vectorised
-        # uint8 resize: the bilinear filter with antialiasing of Pillow's resize, 4x faster here.
-        width, height = crop.size
-        pixels = torch.frombuffer(crop.tobytes("raw", "RGBX"), dtype=torch.uint8)  # read only: a new tensor below
-        pixels = pixels.view(1, height, width, 4).permute(0, 3, 1, 2)
-        pixels = F.interpolate(pixels, size=(self.size, self.size), mode="bilinear", antialias=True)[0, :3]
-        if mirror:
-            pixels = pixels.flip(-1)
-        return pixels, label
+            if partial_rows and not decode_rows(image, min(image.size[1], math.ceil(box[3]))):
+                return None
+            return as_rgb(image).crop(box), mirror  # a reduced box rounds to whole pixels of the reduced image
 
     def _random_box(self, image_size, generator):
         """RandomResizedCrop's box: random area fraction and log-uniform aspect ratio."""
