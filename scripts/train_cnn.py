@@ -190,19 +190,19 @@ def train(run, trainer, datasets, meter, position=None, shares=None):
     cnn.resume_position(state, settings, run.resized_from or ctx.size)  # a checkpoint from before epoch_samples
     sampler, train_loader, val_loader = cnn.make_loaders(settings, ctx, train_set, val_set, shares)
     global_batch = cnn.global_batch(settings, ctx.size)
+    steps_per_epoch = cnn.steps_per_epoch(settings, ctx.size, len(train_set))  # at this world size
     samples = position.samples if position else state.epoch_samples  # the epoch's, trained
     if run.resized_from or position is not None:  # the steps left at this world size
         left = cnn.steps_per_epoch(settings, ctx.size, len(train_set) - samples)
-        run.retarget(state.step + left + (settings.epochs - state.epoch - 1) * cnn.steps_per_epoch(
-            settings, ctx.size, len(train_set)))
+        run.retarget(state.step + left + (settings.epochs - state.epoch - 1) * steps_per_epoch)
     if run.resized_from and position is None:  # the LR schedule counts steps: those of this size
-        steps = state.epoch * cnn.steps_per_epoch(settings, ctx.size, len(train_set)) + samples // global_batch
+        steps = state.epoch * steps_per_epoch + samples // global_batch
         elastic.set_schedule_at(trainer.scheduler, steps, cnn.used_lr(settings, ctx))
     where = f"epoch {state.epoch} sample {samples}"
     run.log.info(f"{settings.model} on {settings.dataset}: {len(train_set)} train / {len(val_set)} val images, "
                  f"{settings.num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
                  f"{global_batch // ctx.size} = global batch {global_batch}; lr {cnn.used_lr(settings, ctx):g}; "
-                 f"{cnn.steps_per_epoch(settings, ctx.size, len(train_set))} steps/epoch; device {ctx.device.type}, "
+                 f"{steps_per_epoch} steps/epoch; device {ctx.device.type}, "
                  f"{precision.describe(settings.precision, ctx.device.type)}"
                  + (f"; resuming at {where} (step {state.step})" if state.step else ""))
     started = time.perf_counter()

@@ -194,12 +194,12 @@ hvd_wait_launcher() {
 }
 
 # The fewest nodes a requeued run may start on: MIN_NODES, else this run's node
-# count, one fewer after a straggler ($1 = 1).
+# count, one fewer when a straggler's node is left out ($1 = without-a-node).
 hvd_requeue_min_nodes() {
     local nodes=${SLURM_JOB_NUM_NODES:-1}
     if [ -n "${MIN_NODES:-}" ]; then
         echo "$(( MIN_NODES < nodes ? MIN_NODES : nodes ))"
-    elif [ "$1" = 1 ] && [ "$nodes" -gt 1 ]; then
+    elif [ "$1" = without-a-node ] && [ "$nodes" -gt 1 ]; then
         echo "$(( nodes - 1 ))"
     else
         echo "$nodes"
@@ -211,7 +211,7 @@ hvd_requeue_min_nodes() {
 # hvd_requeue_min_nodes up to the nodes it has now.
 hvd_requeue() {
     local node=$1 nodes=${SLURM_JOB_NUM_NODES:-1} min_nodes update=() excluded where=""
-    min_nodes=$(hvd_requeue_min_nodes "${node:+1}")
+    min_nodes=$(hvd_requeue_min_nodes "${node:+without-a-node}")
     if [ -n "$node" ]; then
         excluded=$(scontrol show job "$SLURM_JOB_ID" | grep -o 'ExcNodeList=[^ ]*' | cut -d= -f2)
         [ "$excluded" = "(null)" ] && excluded=""

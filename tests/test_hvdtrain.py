@@ -104,6 +104,14 @@ def test_settings_are_frozen_and_the_resume_contract_sorts_every_change():
         check_resume({"lr": 0.2, "epochs": 4}, settings, "out")
 
 
+def test_a_refused_resize_names_one_rank_in_the_singular():
+    """The refusal and the resize line share their wording: once "checkpoint of 1 ranks"."""
+    from hvdtrain.runtime.settings import resize_refusal_line
+    line = resize_refusal_line(1, 2, "runs/x", "its epoch 0 is in progress")
+    assert line == "cannot resume 1 rank's checkpoint in runs/x on 2: its epoch 0 is in progress"
+    assert resize_refusal_line(2, 1, "runs/x", "why") == "cannot resume 2 ranks' checkpoint in runs/x on 1: why"
+
+
 def test_rng_state_survives_a_weights_only_checkpoint(tmp_path):
     rng.seed_everything(5)
     state = rng.get_state()

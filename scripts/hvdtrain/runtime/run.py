@@ -135,8 +135,8 @@ class Run:
             self.resized_from = settings_module.resized_from(saved["settings"], self.settings)
             refusal = self.resized_from and self.settings.resize_refusal(saved["train_state"])
             if refusal:
-                raise UsageError(f"cannot resume {self.settings.output_dir}'s checkpoint of {self.resized_from} "
-                                 f"ranks on {self.ctx.size}: {refusal}")
+                raise UsageError(settings_module.resize_refusal_line(
+                    self.resized_from, self.ctx.size, self.settings.output_dir, refusal))
 
         started = time.perf_counter()
         restored = self.checkpointer.restore(check=check)

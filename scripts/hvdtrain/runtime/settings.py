@@ -176,11 +176,20 @@ def resized_from(saved, current):
     return old if isinstance(old, int) and isinstance(new, int) and old != new else None
 
 
+def ranks_checkpoint(size):
+    """"2 ranks' checkpoint", "1 rank's checkpoint"."""
+    return f"{size} ranks' checkpoint" if size != 1 else "1 rank's checkpoint"
+
+
+def resize_refusal_line(old_size, new_size, directory, refusal):
+    """Why a checkpoint cannot go on at another size: the usage error, one line."""
+    return f"cannot resume {ranks_checkpoint(old_size)} in {directory} on {new_size}: {refusal}"
+
+
 def resize_line(old_size, settings, directory):
     """The one line a resized resume prints: what changes with the size and what does not."""
     new_size = settings.world_size
-    whose = f"{old_size} ranks'" if old_size > 1 else "1 rank's"
-    head = f"resuming {whose} checkpoint on {new_size} from {directory}"
+    head = f"resuming {ranks_checkpoint(old_size)} on {new_size} from {directory}"
     if settings.global_batch:
         return (f"{head}: --global-batch {settings.global_batch} kept, so the samples per step, the LR and the "
                 f"optimisation do not change; the epoch goes on from its sample position")
