@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from support.bert_data import make_small_static_data
+from support.checkpoints import checkpoint_files, checkpoint_name, checkpoint_names
 from support.checks import one_error_line, succeeded
 from support.commands import PREPARE, PRETRAIN, with_heavy_modules
 from support.launch import horovodrun, launch, python
 from support.needs import require_module
 from support.ranks import rank_pids
-from support.weights import checkpoint_at, checkpoint_name
+from support.weights import checkpoint_at
 
 # Small enough for 2 shared cores, large enough to show real learning.
 SMALL_DATA = ["--max-seq-length", "64", "--vocab-size", "4000", "--dupe-factor", "2", "--num-shards", "4"]
@@ -112,7 +113,7 @@ def test_pretraining_on_two_ranks_learns_and_exports(pretrained):
     assert result["sequences_per_sec"] > 0 and result["tokens_per_sec"] > 0
     rows = metrics(output)
     assert [r["step"] for r in rows][:2] == [1, 10] and rows[-1]["step"] == PRETRAINED_STEPS
-    assert sorted(p.name for p in output.glob("step-*.pt")) == [
+    assert checkpoint_names(output) == [
         checkpoint_name(PRETRAINED_STEPS // 2), checkpoint_name(PRETRAINED_STEPS)]
 
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -195,7 +196,7 @@ def test_signal_to_one_rank_checkpoints_every_rank_and_resumes(data_dir, tmp_pat
     sender.join()
     assert sent, "found no rank-1 process to signal"
     assert "stopped by SIGUSR1 (rank 1) at step" in run.output, run.describe()
-    (saved,) = output.glob("step-*.pt")
+    (saved,) = checkpoint_files(output)
     stopped_at = torch.load(saved, weights_only=True)["train_state"]["step"]
     assert 3 <= stopped_at < 1000 and stopped_at % 10 == 0  # checked every --stop-check-every steps
     assert results(output)["completed"] is False and results(output)["steps"] == stopped_at

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from support.checkpoints import checkpoint_file, checkpoint_files, checkpoint_name, checkpoint_names, set_aside
 from support.checks import ok, one_error_line, succeeded
 from support.commands import CNN, PREPARE, PRETRAIN, QUICK_CNN
 from support.launch import REPO, horovodrun, python
@@ -28,7 +29,7 @@ def test_a_checkpoint_over_2_gib_restores_on_every_rank(tmp_path):
     """600M float32 elements: 2.4 GB, which hvd.broadcast_object cannot send (32-bit size)."""
     elements = ["--elements", str(600_000_000)]
     ok(horovodrun(2, [ROUNDTRIP, tmp_path, "save", *elements], timeout=300))
-    (saved,) = tmp_path.glob("step-*.pt")
+    (saved,) = checkpoint_files(tmp_path)
     assert saved.stat().st_size > 2.2e9
     run = ok(horovodrun(2, [ROUNDTRIP, tmp_path, "restore", *elements], timeout=300))
     assert run.output.count("all ranks ok: True") == 2, run.describe()
@@ -40,8 +41,8 @@ def test_node_local_checkpoint_is_sent_tensor_by_tensor(tmp_path):
     """Only rank 0 sees the file, written in the background while the weights change: every dtype
     arrives bit-exact as saved, per-rank state too."""
     ok(horovodrun(2, [ROUNDTRIP, tmp_path, "save", "--node-local", "--write", "async"], timeout=120))
-    assert list((tmp_path / "node0" / "checkpoints").glob("step-*.pt"))
-    assert not list((tmp_path / "node1" / "checkpoints").glob("step-*.pt"))
+    assert checkpoint_files(tmp_path / "node0" / "checkpoints")
+    assert not checkpoint_files(tmp_path / "node1" / "checkpoints")
     run = ok(horovodrun(2, [ROUNDTRIP, tmp_path, "restore", "--node-local"], timeout=120))
     assert "is not visible on every rank; sending it from rank 0" in run.output, run.describe()
     assert run.output.count("all ranks ok: True") == 2, run.describe()
@@ -53,15 +54,15 @@ def test_corrupt_newest_checkpoint_is_renamed_and_the_previous_one_used(tmp_path
     common = [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "2", "--checkpoint-every", "10",
               "--keep-checkpoints", "2"]
     ok(horovodrun(2, [*common, "--stop-after", "30"], timeout=180, transport=transport))
-    newest = out / "step-000000030.pt"
+    newest = checkpoint_file(out, 30)
     newest.write_bytes(newest.read_bytes()[:5000])  # a write cut short by a full disk
     run = ok(horovodrun(2, [*common, "--stop-after", "35"], timeout=180, transport=transport))
     # Cut short after its checksum was recorded: the sha256 check names it first.
     assert f"checkpoint {newest} is damaged: sha256" in run.output, run.describe()
     assert "resuming at epoch 0 sample 640 (step 20)" in run.output, run.describe()
-    assert (out / "step-000000030.pt.corrupt").is_file()
+    assert set_aside(newest).is_file()
     # Step 30 was trained and written again; pruning kept the two newest.
-    assert sorted(p.name for p in out.glob("step-*.pt")) == ["step-000000030.pt", "step-000000035.pt"]
+    assert checkpoint_names(out) == [checkpoint_name(30), checkpoint_name(35)]
     checkpoint_at(out, 30)
 
 
@@ -69,10 +70,10 @@ def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
     out = tmp_path / "out"
     common = [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "1"]
     ok(horovodrun(2, [*common, "--stop-after", "10"], timeout=180))
-    for path in out.glob("step-*.pt"):
+    for path in checkpoint_files(out):
         path.write_bytes(b"garbage")
     error = one_error_line(horovodrun(2, common, timeout=180), "no readable checkpoint in", "--no-resume")
-    assert "step-000000010.pt.corrupt" in error
+    assert set_aside(checkpoint_name(10)).name in error
     # The next launch refuses too, until the user says --no-resume.
     one_error_line(horovodrun(2, common, timeout=180), "no readable checkpoint in")
     ok(horovodrun(2, [*common, "--no-resume", "--stop-after", "2"], timeout=180))
@@ -117,7 +118,7 @@ def test_relaunch_past_stop_after_trains_nothing(tmp_path):
     assert "is at step 5, already past --stop-after 5: nothing to do" in run.output, run.describe()
     assert (out / "results.json").read_bytes() == before
     assert json.loads(before)["steps"] == 5
-    assert [p.name for p in out.glob("step-*.pt")] == ["step-000000005.pt"]
+    assert checkpoint_names(out) == [checkpoint_name(5)]
 
 
 def test_cnn_resume_writes_the_rows_of_an_uninterrupted_run(tmp_path):
@@ -147,14 +148,14 @@ def test_bert_checkpoints_written_in_the_background_equal_sync_ones_and_a_crash_
     slow = {"HVDTRAIN_FAULT": "rank=0,step=4,kind=slow-checkpoint,seconds=5"}
     whole = ok(horovodrun(2, [*common, "--output-dir", tmp_path / "whole"], timeout=180, env=slow))
     lines = whole.rank_output(0).splitlines()
-    written = next(i for i, line in enumerate(lines) if "step-000000004.pt written in the background" in line)
+    written = next(i for i, line in enumerate(lines) if f"{checkpoint_name(4)} written in the background" in line)
     assert any(re.search(r"step +5 \| mlm loss", line) for line in lines[:written]), whole.describe()
     ok(horovodrun(2, [*common, "--output-dir", tmp_path / "crashed", "--stop-after", "6", "--checkpoint-write",
                       "sync"], timeout=180))
     in_background, in_place = checkpoint_at(tmp_path / "whole", 4), checkpoint_at(tmp_path / "crashed", 4)
     for part in ("model", "optimizer"):
         assert_same_tensors(in_background[part], in_place[part], f"step 4's {part}")
-    (tmp_path / "crashed" / "step-000000006.pt").unlink()  # as if it died before writing step 6
+    checkpoint_file(tmp_path / "crashed", 6).unlink()  # as if it died before writing step 6
     ok(horovodrun(2, [*common, "--output-dir", tmp_path / "crashed"], timeout=180))
     crashed, whole = rows(tmp_path / "crashed", drop=()), rows(tmp_path / "whole", drop=())
     assert [r["step"] for r in crashed] == list(range(1, 10))
@@ -168,9 +169,9 @@ def test_a_checkpoint_write_that_fails_in_the_background_stops_the_run_with_one_
     run = horovodrun(2, [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "1", "--checkpoint-every", "3",
                          "--checkpoint-write", "async"], timeout=180,
                      env={"HVDTRAIN_FAULT": "rank=0,step=6,kind=full-disk"})
-    one_error_line(run, "writing the checkpoint step-000000006.pt failed (OSError: [Errno 28] No space left",
+    one_error_line(run, f"writing the checkpoint {checkpoint_name(6)} failed (OSError: [Errno 28] No space left",
                    "the previous checkpoint is the newest valid one")
-    assert [path.name for path in out.glob("step-*.pt")] == ["step-000000003.pt"]
+    assert checkpoint_names(out) == [checkpoint_name(3)]
     assert checkpoint_at(out, 3)["train_state"]["step"] == 3
 
 

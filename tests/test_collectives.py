@@ -3,6 +3,7 @@ import re
 
 import pytest
 
+from support.checks import ok
 from support.launch import REPO, horovodrun
 
 WORKER = REPO / "tests" / "workers" / "collectives.py"
@@ -11,7 +12,7 @@ WORKER = REPO / "tests" / "workers" / "collectives.py"
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_collectives_two_ranks(transport, need_horovod, need_mpi):
     run = horovodrun(2, [WORKER], timeout=120, transport=transport)
-    assert run.returncode == 0 and not run.timed_out, run.describe()
+    ok(run)
     for rank in range(2):
         assert f"collectives ok rank={rank} size=2" in run.rank_output(rank), run.describe()
 
@@ -27,7 +28,7 @@ def test_a_waiting_rank_leaves_its_core_free(transport, need_horovod, need_mpi):
     progress loop may spin between cycles whatever the main thread does.
     """
     run = horovodrun(2, [REPO / "tests" / "workers" / "waiting_rank.py", "3"], timeout=120, transport=transport)
-    assert run.returncode == 0 and not run.timed_out, run.describe()
+    ok(run)
     found = re.search(r"waiting main=([0-9.]+) process=([0-9.]+)", run.rank_output(0))
     assert found, run.describe()
     assert float(found.group(1)) < 0.3, f"rank 0's main thread used {found.group(1)} CPU s/s while waiting\n" \
@@ -44,7 +45,7 @@ def test_an_idle_gloo_controller_skips_its_negotiation_rounds(tmp_path, need_hor
     timeline = tmp_path / "timeline.json"
     run = horovodrun(2, [CYCLES, "idle", "2"], timeout=120, transport="gloo",
                      extra=["--cycle-time-ms", "5", "--timeline-filename", timeline, "--timeline-mark-cycles"])
-    assert run.returncode == 0 and not run.timed_out, run.describe()
+    ok(run)
     cycles = timeline.read_text().count("CYCLE_START")
     assert 5 <= cycles < 100, f"{cycles} negotiation rounds in 2 s idle\n{run.describe()}"
 
@@ -53,6 +54,6 @@ def test_a_rank_waiting_on_a_handle_negotiates_at_once_under_gloo(need_horovod):
     """At a 1 s cycle, 5 synchronous allreduces: stock Horovod starts each at its next
     cycle (5 s or more); the patched controller cycles when the framework waits."""
     run = horovodrun(2, [CYCLES, "wait", "5"], timeout=120, transport="gloo", extra=["--cycle-time-ms", "1000"])
-    assert run.returncode == 0 and not run.timed_out, run.describe()
+    ok(run)
     found = re.search(r"allreduces=5 seconds=([0-9.]+)", run.rank_output(0))
     assert found and float(found.group(1)) < 2.5, run.describe()

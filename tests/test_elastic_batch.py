@@ -7,8 +7,9 @@ import re
 
 import torch
 
-from support.checks import ok
 from support.bert_data import make_small_static_data, write_no_dropout_config
+from support.checkpoints import newest_checkpoint
+from support.checks import ok
 from support.commands import CNN, PRETRAIN
 from support.elastic_jobs import elastic_command, world_sizes, write_hosts
 from support.launch import launch, wait_then
@@ -22,10 +23,6 @@ EPOCH_STEPS = 45  # 1438 digits in steps of 32: the last has 30
 # AVX-512 (2026-11-27), past the 1e-5 that the equalities are held to; 4.8e-8 after the second.
 # A small LR: at 0.1 the first epoch sits on a plateau where float rounding of the
 # sum order (2 x 16 against 1 x 32) grows to 1e-4 by step 45 with or without a resize.
-
-
-def newest_checkpoint(out):
-    return max(out.glob("step-*.pt"))
 
 
 def test_a_job_shrunk_mid_run_trains_the_weights_of_one_that_never_resized(need_horovod, tmp_path):

@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from support.checkpoints import checkpoint_file
+from support.checks import is_error_line, ok, only_an_error_line, the_error_line
 from support.fault_cells import EVALUATION, FAULTS, LAUNCHERS, LIMITS, TRAIN, run_cell
 from support.launch import horovodrun, python
 from support.needs import require_module, require_program
@@ -118,7 +120,7 @@ def assert_ended_fast_with_one_line(cell, fault):
     assert cell.seconds_after_fault < LIMITS[fault], cell.describe()
     assert cell.message, f"no line naming the rank and the cause:\n{cell.describe()}"
     assert not cell.wall(), f"a traceback wall:\n{cell.wall()}\n{cell.describe()}"
-    stray = [line for line in cell.output.splitlines() if "HorovodInternalError" in line and ": error: " not in line]
+    stray = [line for line in cell.output.splitlines() if "HorovodInternalError" in line and not is_error_line(line)]
     assert not stray, cell.describe()
 
 
@@ -134,10 +136,10 @@ def test_a_frozen_rank_under_mpi_ends_the_job_within_120_s_with_the_defaults(mat
 def test_a_checkpoint_write_longer_than_the_step_limit_is_no_hang(matrix):
     """The write runs inside the watchdog's phase: the job completes."""
     run, out = matrix["slow checkpoint"]
-    assert run.returncode == 0 and not run.timed_out, run.describe()
+    ok(run)
     assert "error" not in run.output, run.describe()
     assert json.loads((out / "results.json").read_text())["steps"] == 12
-    assert (out / "step-000000010.pt").is_file()
+    assert checkpoint_file(out, 10).is_file()
 
 
 def test_a_rank_frozen_in_an_evaluation_ends_the_job_after_the_step_limit_not_the_phases(matrix):
@@ -148,11 +150,9 @@ def test_a_rank_frozen_in_an_evaluation_ends_the_job_after_the_step_limit_not_th
     cell = matrix["frozen in an evaluation"]
     assert not cell.timed_out and cell.returncode not in (0, None), cell.describe()
     assert cell.seconds_after_fault < LIMITS["stop"], cell.describe()
-    lines = [line for line in cell.output.splitlines() if ": error: " in line]
-    assert len(lines) == 1, cell.describe()
+    line = the_error_line(cell.output, "limit 10 s: HVDTRAIN_WATCHDOG_FLOOR_SECONDS=10", shown=cell.describe())
     assert re.search(r"rank 0: error: evaluating for \d+ s after step 44: waiting in a collective for ranks "
-                     r"that will not join; not heard from rank 1 \(1 of 2 on \S+\)", lines[0]), cell.describe()
-    assert "limit 10 s: HVDTRAIN_WATCHDOG_FLOOR_SECONDS=10" in lines[0], cell.describe()
+                     r"that will not join; not heard from rank 1 \(1 of 2 on \S+\)", line), cell.describe()
     assert not cell.wall(), cell.describe()
 
 
@@ -224,6 +224,5 @@ def test_a_peer_failure_and_an_own_error_read_as_one_line():
 
 def test_a_bad_watchdog_setting_is_one_line_exit_2(need_horovod):
     ran = python([TRAIN[0], "--epochs", "1"], timeout=120, env={"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "soon"})
-    assert ran.returncode == 2, ran.describe()
-    assert ran.output.strip().splitlines() == [
-        "train_cnn.py: error: HVDTRAIN_WATCHDOG_FLOOR_SECONDS='soon': expected a number of seconds (0 or more)"]
+    assert only_an_error_line(ran) == (
+        "train_cnn.py: error: HVDTRAIN_WATCHDOG_FLOOR_SECONDS='soon': expected a number of seconds (0 or more)")

@@ -9,12 +9,13 @@ mpirun (placement and equality); `make test-scale` runs the 16- and 32-rank form
 (FOUR_BY_4) under every launcher.
 """
 import json
-import re
 import sys
 import time
 
 import pytest
 
+from support.checkpoints import any_checkpoint, checkpoint_file, newest_step
+from support.checks import error_lines, ok, the_error_line
 from support.commands import CNN, PRETRAIN
 from support.elastic_jobs import discovery, world_sizes, write_hosts
 from support.hosts import INTERFACE
@@ -143,7 +144,7 @@ def test_a_node_that_vanishes_ends_the_job_within_seconds_naming_it(four_hosts, 
 
     job = ["--dataset", "synthetic", "--synthetic-samples", "100000", *SMALL, "--batch-size", 64 // shape.ranks,
            "--epochs", "5", "--checkpoint-every", "10", "--output-dir", out]
-    watcher = wait_then(lambda: any(out.glob("step-*.pt")), vanish, TIMEOUT)
+    watcher = wait_then(lambda: any_checkpoint(out), vanish, TIMEOUT)
     run = on_four_hosts(four_hosts, tmp_path, launcher, job, shape=shape)
     ended = time.monotonic()
     watcher.join(timeout=1)
@@ -151,20 +152,16 @@ def test_a_node_that_vanishes_ends_the_job_within_seconds_naming_it(four_hosts, 
     assert run.returncode != 0 and not run.timed_out, run.describe()
     assert ended - killed["at"] < 60, f"ended {ended - killed['at']:.0f} s after the node vanished\n{run.describe()}"
     assert shape.last in run.output and not RANK_TRACEBACK.search(run.output), run.describe()
-    assert len(re.findall(r"rank \d+: error:", run.output)) <= 1, run.describe()
+    assert len(error_lines(run.output)) <= 1, run.describe()
     for noise in ("terminate called", "exit with status code", "Terminating remaining workers",
                   "background loop uncaught exception"):
         assert noise not in run.output, run.describe()
-    last = max(int(path.stem.split("-")[1]) for path in out.glob("step-*.pt"))
+    last = newest_step(out)
     again = on_four_hosts(four_hosts, tmp_path, launcher, [*job, "--max-steps", last + 5], shape=shape)
     trained(again, out)
     assert f"restored step {last} from {out}" in again.output, again.describe()
     print(f"a vanished node at {shape.ranks} ranks under {launcher}: the job ended {ended - killed['at']:.0f} s later; "
           f"resumed from step {last}")
-
-
-def rank_error_lines(output):
-    return [line for line in output.splitlines() if re.search(r"rank \d+: error:", line)]
 
 
 # Under a bare mpirun the same mechanism is tested on one host (test_scale.py) and a partition
@@ -186,11 +183,9 @@ def test_a_frozen_node_ends_the_job_with_one_line_naming_it(four_hosts, shape, l
         four_hosts.vanish(shape.last, CNN.name)
     elapsed = time.monotonic() - started
     assert run.returncode != 0 and not run.timed_out, run.describe()
-    errors = rank_error_lines(run.output)
-    assert len(errors) == 1 and "rank 0: error:" in errors[0], run.describe()
-    assert shape.last_ranks() in errors[0], run.describe()
+    line = the_error_line(run.output, "rank 0: error:", shape.last_ranks(), shown=run.describe())
     assert "terminate called" not in run.output and not RANK_TRACEBACK.search(run.output), run.describe()
-    print(f"a frozen node at {shape.ranks} ranks under {launcher}: one line, {elapsed:.0f} s in all: {errors[0]}")
+    print(f"a frozen node at {shape.ranks} ranks under {launcher}: one line, {elapsed:.0f} s in all: {line}")
 
 
 def rank_0_host(shape, launcher):
@@ -216,11 +211,10 @@ def test_rank_0s_node_frozen_is_one_line_from_the_first_rank_of_another_node(fou
     finally:
         four_hosts.vanish(lost, CNN.name)  # a frozen node stays frozen (see above)
     assert run.returncode != 0 and not run.timed_out, run.describe()
-    errors = rank_error_lines(run.output)
-    assert len(errors) == 1 and f"rank {slots}: error:" in errors[0], run.describe()
-    assert f"ranks 0-{slots - 1} (all {slots} on {lost})" in errors[0], run.describe()
+    line = the_error_line(run.output, f"rank {slots}: error:", f"ranks 0-{slots - 1} (all {slots} on {lost})",
+                          shown=run.describe())
     assert "terminate called" not in run.output and not RANK_TRACEBACK.search(run.output), run.describe()
-    print(f"rank 0's node frozen at {shape.ranks} ranks under {launcher}: {errors[0]}")
+    print(f"rank 0's node frozen at {shape.ranks} ranks under {launcher}: {line}")
 
 
 @pytest.mark.parametrize("shape, launcher", forms("horovodrun", "horovodrun", "horovodrun --mpi"))
@@ -234,7 +228,7 @@ def test_a_partitioned_node_ends_the_job_within_120_s_with_one_line(four_hosts, 
         cut["at"] = time.monotonic()
         four_hosts.link(shape.last, "down")
 
-    watcher = wait_then(lambda: any(out.glob("step-*.pt")), partition, TIMEOUT)
+    watcher = wait_then(lambda: any_checkpoint(out), partition, TIMEOUT)
     try:
         run = on_four_hosts(four_hosts, tmp_path, launcher,
                             ["--dataset", "synthetic", "--synthetic-samples", "100000", *SMALL,
@@ -248,9 +242,8 @@ def test_a_partitioned_node_ends_the_job_within_120_s_with_one_line(four_hosts, 
     assert "at" in cut, run.describe()
     assert run.returncode != 0 and not run.timed_out, run.describe()
     assert ended - cut["at"] < 120, f"ended {ended - cut['at']:.0f} s after the partition\n{run.describe()}"
-    errors = rank_error_lines(run.output)
-    assert len(errors) == 1 and shape.last_ranks() in errors[0], run.describe()
-    after = run.output.split(errors[0], 1)[1]
+    line = the_error_line(run.output, shape.last_ranks(), shown=run.describe())
+    after = run.output.split(line, 1)[1]
     assert "Fatal Python error" not in after and "terminate called" not in run.output, run.describe()
     print(f"a partitioned node at {shape.ranks} ranks under {launcher}: the job ended {ended - cut['at']:.0f} s later")
 
@@ -278,7 +271,7 @@ def test_elastic_ranks_lose_a_node_go_on_and_grow_back(four_hosts, shape, tmp_pa
         four_hosts.vanish(shape.last, CNN.name)
 
     # 64 samples a step, 23 steps an epoch: a checkpoint at step 30 is in epoch 2.
-    watcher = wait_then(lambda: (out / "step-000000030.pt").exists(), last_host_dies, TIMEOUT)
+    watcher = wait_then(lambda: checkpoint_file(out, 30).exists(), last_host_dies, TIMEOUT)
     ranks = shape.ranks
     command = ["horovodrun", "-np", ranks, "--min-np", max(shape.slots, ranks // 2), "--max-np", ranks,
                "--network-interface", INTERFACE,
@@ -290,12 +283,12 @@ def test_elastic_ranks_lose_a_node_go_on_and_grow_back(four_hosts, shape, tmp_pa
     ran = launch(four_hosts.on_first(command), timeout=TIMEOUT, env=four_hosts.env())
     watcher.join(timeout=1)
     assert "at" in killed, ran.describe()
-    assert ran.returncode == 0 and not ran.timed_out, ran.describe()
+    ok(ran)
     sizes = world_sizes(ran)
     assert sizes[0] == ranks and ranks - shape.slots in sizes and sizes[-1] == ranks, (sizes, ran.describe())
     found = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(row["epoch"], row["train_samples"]) for row in found] == [
         (epoch, DIGITS_TRAIN) for epoch in range(1, ELASTIC_EPOCHS + 1)], found
-    assert not rank_error_lines(ran.output) and not RANK_TRACEBACK.search(ran.output), ran.describe()
+    assert not error_lines(ran.output), ran.describe()
     assert "terminate called" not in ran.output, ran.describe()
     print(f"elastic on {shape} hosts x slots: world sizes {sizes}")

@@ -16,9 +16,11 @@ import pytest
 import torch
 
 from support.bert_data import make_small_static_data
+from support.checkpoints import checkpoint_file
 from support.checks import ok
 from support.launch import SCRIPTS, horovodrun, launch
 from support.needs import require
+from support.weights import checkpoint_at
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_horovod")]
 
@@ -32,10 +34,6 @@ ENV = {"HVDTRAIN_WATCHDOG_SECONDS": "900", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 
 def results(directory):
     return json.loads((Path(directory) / "results.json").read_text())
-
-
-def load(path):
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def max_difference(first, second):
@@ -91,7 +89,7 @@ def test_cnn_amp_with_gradscaler_and_two_batches_per_allreduce(tmp_path):
     run = cnn(["--amp", "--batches-per-allreduce", "2", "--epochs", "1", "--max-steps", "12",
                "--checkpoint-every", "6", "--no-resume"], out)
     assert "device cuda, precision fp16 (requested)" in run.output, run.describe()  # --amp: fp16
-    state = load(out / "step-000000012.pt")
+    state = checkpoint_at(out, 12)
     # GradScaler was on: its state (the loss scale) is part of the checkpoint.
     assert state["scaler"] and state["scaler"]["scale"] > 0, state["scaler"]
     assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
@@ -102,7 +100,7 @@ def test_cnn_channels_last_keeps_conv_weights_nhwc(tmp_path):
     for flag, nhwc in (("--channels-last", True), ("--no-channels-last", False)):
         out = tmp_path / flag
         cnn([flag, "--epochs", "1", "--max-steps", "4", "--no-resume"], out)
-        weights = [t for t in load(out / "step-000000004.pt")["model"].values() if t.dim() == 4]
+        weights = [t for t in checkpoint_at(out, 4)["model"].values() if t.dim() == 4]
         # (Kernels with one input channel or 1x1 pixels are contiguous in both layouts.)
         telling = [t for t in weights if t.shape[1] > 1 and t.shape[2:] != (1, 1)]
         assert telling and all(t.is_contiguous(memory_format=torch.channels_last) == nhwc
@@ -117,7 +115,7 @@ def test_cnn_resume_with_amp_matches_an_uninterrupted_run(tmp_path):
     cnn([*common, "--max-steps", "6"], parts)
     second = cnn([*common, "--max-steps", "12"], parts)
     assert "(step 6)" in second.output, second.describe()
-    expected, actual = load(whole / "step-000000012.pt"), load(parts / "step-000000012.pt")
+    expected, actual = checkpoint_at(whole, 12), checkpoint_at(parts, 12)
     assert actual["scaler"]["scale"] == expected["scaler"]["scale"]
     # cuDNN may pick different (equally valid) kernels per launch: allow rounding noise.
     assert max_difference(expected["model"], actual["model"]) < 1e-4
@@ -128,7 +126,7 @@ def test_bert_fp16_gradscaler_with_clipping_and_accumulation(bert_data, tmp_path
     run = bert(bert_data, out, ["--precision", "fp16", "--accumulation-steps", "2", "--max-grad-norm", "1.0",
                                 "--steps", "8", "--checkpoint-every", "0", "--no-resume"])
     assert "precision fp16 (requested)" in run.output, run.describe()
-    state = load(out / "step-000000008.pt")
+    state = checkpoint_at(out, 8)
     assert state["scaler"] and state["scaler"]["scale"] > 0, state["scaler"]
     done = results(out)
     assert done["completed"] and done["final_mlm_loss"] == done["final_mlm_loss"], done  # finished, not NaN
@@ -139,7 +137,7 @@ def test_bert_bf16_autocast_without_gradscaler(bert_data, tmp_path):
     out = tmp_path / "bf16"
     run = bert(bert_data, out, ["--precision", "bf16", "--steps", "6", "--checkpoint-every", "0", "--no-resume"])
     assert "precision bf16 (requested)" in run.output, run.describe()
-    assert not load(out / "step-000000006.pt")["scaler"]  # GradScaler is only for fp16
+    assert not checkpoint_at(out, 6)["scaler"]  # GradScaler is only for fp16
     done = results(out)
     assert done["completed"] and done["final_mlm_loss"] < done["initial_mlm_loss"] * 1.5, done
 
@@ -159,7 +157,7 @@ def test_bert_resume_restores_the_cuda_rng(bert_data, tmp_path):
     whole, parts, control = tmp_path / "whole", tmp_path / "parts", tmp_path / "control"
     bert(bert_data, whole, common)
     bert(bert_data, parts, [*common, "--stop-after", "3"])
-    stopped = load(parts / "step-000000003.pt")
+    stopped = checkpoint_at(parts, 3)
     rng_states = [rank["rng"] for rank in stopped["ranks"]]
     assert len(rng_states) == NP and all("cuda" in state for state in rng_states)
 
@@ -170,14 +168,14 @@ def test_bert_resume_restores_the_cuda_rng(bert_data, tmp_path):
         other = state["cuda"].clone()
         other[:8] = (other[:8].int() + 101).remainder(256).to(torch.uint8)  # another seed
         state["cuda"] = other
-    torch.save(stopped, control / "step-000000003.pt")
+    torch.save(stopped, checkpoint_file(control, 3))
 
     resumed = bert(bert_data, parts, common)
     assert "at step 3" in resumed.output, resumed.describe()
     bert(bert_data, control, common)
-    expected = load(whole / "step-000000008.pt")["model"]
-    resumed_error = max_difference(expected, load(parts / "step-000000008.pt")["model"])
-    control_error = max_difference(expected, load(control / "step-000000008.pt")["model"])
+    expected = checkpoint_at(whole, 8)["model"]
+    resumed_error = max_difference(expected, checkpoint_at(parts, 8)["model"])
+    control_error = max_difference(expected, checkpoint_at(control, 8)["model"])
     # GPU kernels (atomics in backward passes) are not all bit-reproducible, so allow
     # rounding noise, but far less than what other dropout masks make.
     assert resumed_error < 1e-5, resumed_error

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from support.checks import ok, one_error_line
 from support.commands import with_heavy_modules
 from support.launch import REPO, SCRIPTS, python
 
@@ -45,9 +46,7 @@ def help_entries(text):
 @functools.cache
 def help_text(name):
     script, *subcommand = name.split()
-    ran = python([SCRIPTS / script, *subcommand, "--help"], timeout=60)
-    assert ran.returncode == 0, ran.describe()
-    return ran.output
+    return ok(python([SCRIPTS / script, *subcommand, "--help"], timeout=60)).output
 
 
 @pytest.fixture(params=SCRIPT_NAMES)
@@ -111,7 +110,7 @@ def test_help_and_bad_arguments_answer_before_torch_horovod_and_transformers_loa
         assert ran.returncode == (0 if args == ["--help"] else 2), ran.describe()
         assert loaded == [], ran.describe()
         if args != ["--help"]:
-            assert re.search(rf"^{re.escape(script)}: error: ", ran.output, re.M), ran.describe()
+            assert one_error_line(ran).startswith(f"{script}: error: "), ran.describe()
 
 
 # Options of other programs that the README and docs/ name, by program; a file's options must be in that file.
@@ -164,5 +163,5 @@ MEASUREMENT_TOOLS = sorted((REPO / "tools").glob("*.py"))
 def test_measurement_tools_start_as_programs(tool):
     """The README's measurement tools (tools/) run as programs, outside pytest: the
     helpers they share with the tests (tests/support/) come without conftest.py."""
-    ran = python([tool, "--help"], timeout=60)
-    assert ran.returncode == 0 and "usage:" in ran.output, ran.describe()
+    ran = ok(python([tool, "--help"], timeout=60))
+    assert "usage:" in ran.output, ran.describe()

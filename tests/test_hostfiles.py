@@ -9,6 +9,7 @@ import pytest
 
 from hvdtrain.launch import hosts as hostlib
 from hvdtrain.errors import UsageError
+from support.checks import ok, only_an_error_line
 from support.commands import DISCOVER, NO_ALLOCATION, make_hostfile
 from support.launch import REPO, python
 
@@ -105,7 +106,7 @@ def test_make_hostfile_reads_real_world_hostfiles(tmp_path, text, args, expected
     path = tmp_path / "hosts"
     path.write_text(text)
     run = make_hostfile(["--hostfile", path, *args])
-    assert run.returncode == 0, run.describe()
+    ok(run)
     assert run.output == expected
 
 
@@ -134,7 +135,7 @@ ALLOCATION_CASES = [
                          ids=[c[0] for c in ALLOCATION_CASES])
 def test_make_hostfile_reads_allocations(args, env, expected):
     run = make_hostfile(args, env)
-    assert run.returncode == 0, run.describe()
+    ok(run)
     assert run.output == expected
 
 
@@ -143,7 +144,7 @@ def test_make_hostfile_reads_pbs_nodefile_and_writes_output_file(tmp_path):
     nodefile.write_text("cn01\ncn01\ncn01\ncn02\ncn02\ncn02\n")
     out = tmp_path / "hosts.mpich"
     run = make_hostfile(["--pbs", "--format", "mpich", "-o", out], {"PBS_NODEFILE": str(nodefile)})
-    assert run.returncode == 0, run.describe()
+    ok(run)
     assert out.read_text() == "cn01:3\ncn02:3\n"
     assert "2 hosts, 6 slots" in run.output
 
@@ -190,13 +191,10 @@ def test_make_hostfile_errors_are_one_line_exit_2(tmp_path, text, args, env, fra
         path.write_text(text)
         args = ["--hostfile", path, *args]
     run = make_hostfile(args, env)
-    assert run.returncode == 2, run.describe()
-    lines = run.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("make_hostfile.py: error: "), run.describe()
-    for fragment in fragments:
-        assert fragment in lines[0], run.describe()
+    line = only_an_error_line(run, *fragments)
+    assert line.startswith("make_hostfile.py: error: "), run.describe()
     if text is not None and "line" in fragments[0]:
-        assert str(tmp_path / "hosts") in lines[0]  # the file is named with the line
+        assert str(tmp_path / "hosts") in line  # the file is named with the line
 
 
 # ---------------------------------------------------------------- the files in hostfiles/
@@ -210,7 +208,7 @@ def test_make_hostfile_errors_are_one_line_exit_2(tmp_path, text, args, env, fra
 ])
 def test_repository_hostfiles_are_valid(name, input_format, expected):
     run = make_hostfile(["--hostfile", HOSTFILES / name, "--input-format", input_format, "--format", "H"])
-    assert run.returncode == 0, run.describe()
+    ok(run)
     assert run.output == expected
 
 
@@ -231,7 +229,7 @@ def test_horovodrun_H_example_is_the_same_hosts_as_the_hostfiles():
              if line.strip() and not line.startswith("#")]
     assert len(lines) == 1
     run = make_hostfile(["--hosts", lines[0], "--format", "H"])
-    assert run.returncode == 0, run.describe()
+    ok(run)
     assert run.output == "node1:4,node2:4\n"
 
 
@@ -240,14 +238,14 @@ def test_discover_hosts_follows_a_changing_hostfile(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# start with one node\nnode1 slots=2\n")
     first = python([DISCOVER, hostfile], timeout=30, env=NO_ALLOCATION)
-    assert first.returncode == 0, first.describe()
+    ok(first)
     assert first.output == "node1:2\n"
     # Replaced atomically while the job runs: the next call sees the new hosts.
     new = tmp_path / "hosts.new"
     new.write_text("node1 slots=2\nnode2:4\nnode3\n")
     new.replace(hostfile)
     second = python([DISCOVER], timeout=30, env={**NO_ALLOCATION, "HVD_DISCOVERY_HOSTFILE": str(hostfile)})
-    assert second.returncode == 0, second.describe()
+    ok(second)
     assert second.output == "node1:2\nnode2:4\nnode3:1\n"
 
 
@@ -260,9 +258,7 @@ def test_discover_hosts_errors_are_one_line_exit_2(tmp_path, text, fragment):
     if text is not None:
         hostfile.write_text(text)
     run = python([DISCOVER, hostfile], timeout=30, env=NO_ALLOCATION)
-    assert run.returncode == 2, run.describe()
-    lines = run.output.strip().splitlines()
-    assert len(lines) == 1 and "discover_hosts.py: error:" in lines[0] and fragment in lines[0]
+    only_an_error_line(run, "discover_hosts.py: error:", fragment)
 
 
 # ---------------------------------------------------------------- discover_hosts.py --slurm: node states
@@ -316,14 +312,16 @@ def test_discover_hosts_slurm_without_slurm_commands_lists_the_allocation_and_sa
     env = {**NO_ALLOCATION, "SLURM_JOB_NODELIST": "gpu[1-2],cpu7", "SLURM_TASKS_PER_NODE": "4(x2),1",
            "SLURM_JOB_ID": "77", "PATH": str(tmp_path / "no-slurm-here"), "HVD_DISCOVERY_STATE": str(tmp_path / "state")}
     first = python([DISCOVER, "--slurm"], timeout=30, env=env)
-    assert first.returncode == 0 and first.output.splitlines() == [
+    ok(first)
+    assert first.output.splitlines() == [
         "discover_hosts.py: cannot ask Slurm for the node states (sinfo not found): listing every node of the "
         "allocation", "gpu1:4", "gpu2:4", "cpu7:1"], first.describe()
     again = python([DISCOVER, "--slurm"], timeout=30, env=env)
-    assert again.returncode == 0 and again.output == "gpu1:4\ngpu2:4\ncpu7:1\n", again.describe()
+    ok(again)
+    assert again.output == "gpu1:4\ngpu2:4\ncpu7:1\n", again.describe()
     bad = python([DISCOVER, "--slurm"], timeout=30, env={**env, "SLURM_TASKS_PER_NODE": "4(x2)"})
-    assert bad.returncode == 2 and bad.output.strip().splitlines() == [
-        "discover_hosts.py: error: SLURM_TASKS_PER_NODE: '4(x2)' gives 2 counts for 3 nodes"], bad.describe()
+    assert only_an_error_line(bad) == (
+        "discover_hosts.py: error: SLURM_TASKS_PER_NODE: '4(x2)' gives 2 counts for 3 nodes"), bad.describe()
 
 
 def test_discover_hosts_slurm_falls_back_to_the_last_list_slurm_gave(tmp_path):
@@ -333,6 +331,7 @@ def test_discover_hosts_slurm_falls_back_to_the_last_list_slurm_gave(tmp_path):
     env = {**NO_ALLOCATION, "SLURM_JOB_NODELIST": "node[1-4]", "SLURM_TASKS_PER_NODE": "4(x4)",
            "PATH": str(tmp_path / "no-slurm-here"), "HVD_DISCOVERY_STATE": str(state)}
     ran = python([DISCOVER, "--slurm"], timeout=30, env=env)
-    assert ran.returncode == 0 and ran.output.splitlines() == [
+    ok(ran)
+    assert ran.output.splitlines() == [
         "discover_hosts.py: cannot ask Slurm for the node states (sinfo not found): listing the last list",
         "node1:4", "node2:4"], ran.describe()

@@ -16,6 +16,7 @@ from hvdtrain import cli
 from hvdtrain.training import optim
 from hvdtrain.errors import UsageError
 from hvdtrain.data.sampling import ShardedSampler, UnpaddedShardSampler, assign_rows
+from support.checkpoints import checkpoint_name
 
 
 def test_sharded_ranks_together_see_the_single_process_order():
@@ -77,7 +78,7 @@ def test_pruning_keeps_the_checkpoint_just_written(tmp_path):
     just_written = checkpoint.checkpoint_path(tmp_path, 4)  # after a resume from step 3
     checkpoint.atomic_save({"w": torch.zeros(2)}, just_written)
     checkpoint.prune(tmp_path, keep=2, just_written=just_written)
-    assert [p.name for p in checkpoint.checkpoint_paths(tmp_path)] == ["step-000000009.pt", "step-000000004.pt"]
+    assert [p.name for p in checkpoint.checkpoint_paths(tmp_path)] == [checkpoint_name(9), checkpoint_name(4)]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp file left behind"
 
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from support.bert_data import make_small_static_data
-from support.checks import ok, one_error_line
+from support.checkpoints import checkpoint_file, checksum_file, set_aside
+from support.checks import ok, one_error_line, only_an_error_line, the_error_line
 from support.commands import CNN, DISCOVER, NO_ALLOCATION, PRETRAIN, QUICK_CNN, make_hostfile
 from support.image_data import make_cifar10
 from support.launch import SCRIPTS, horovodrun, launch, python
@@ -55,10 +56,8 @@ def test_second_job_on_a_busy_output_dir_exits_2_naming_the_holder(tmp_path):
     first_log = (tmp_path / "first.log").read_text()
     assert "first exit 0" in run.output and "stopped by SIGUSR1" in first_log, run.describe() + first_log
     assert re.search(r"second exit [12]\b", run.output), run.describe()
-    errors = [line for line in run.output.splitlines() if "train_cnn.py: error:" in line]
-    assert len(errors) == 1, run.describe()
-    assert f"{out} is in use by another run (pid " in errors[0] and socket.gethostname() in errors[0]
-    assert "--take-over-lock" in errors[0]
+    the_error_line(run.output, "train_cnn.py: error:", f"{out} is in use by another run (pid ", socket.gethostname(),
+                   "--take-over-lock", shown=run.describe())
     # Only the first run's rows (epoch 1, 2, ... in order), and its lock is gone.
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["epoch"] for row in rows] == list(range(1, len(rows) + 1)), rows
@@ -80,11 +79,10 @@ def test_stale_and_live_locks(tmp_path):
     # A live one (this test's own process) is refused, until --take-over-lock.
     (out / "run.lock").write_text(lock_of(os.getpid()))
     refused = python(args, timeout=120)
-    assert refused.returncode == 2, refused.describe()
-    assert refused.output.strip().splitlines() == [
+    assert only_an_error_line(refused) == (
         f"train_cnn.py: error: {out} is in use by another run (pid {os.getpid()} on {socket.gethostname()}, "
         f"started 2026-11-22T10:00:00+00:00); wait for it to end or use another --output-dir (if it has ended, "
-        f"delete {out}/run.lock or pass --take-over-lock)"]
+        f"delete {out}/run.lock or pass --take-over-lock)"), refused.describe()
     run = ok(python([*args, "--take-over-lock"], timeout=120))
     assert "--take-over-lock was given" in run.output, run.describe()
     # A recycled pid (alive, but started later than the holder) is not the holder.
@@ -98,8 +96,7 @@ def test_bert_preparation_locks_its_output_dir_too(tmp_path):
     out.mkdir()
     (out / "run.lock").write_text(lock_of(os.getpid()))
     refused = python([SCRIPTS / "prepare_bert_data.py", "--output-dir", out], timeout=120)
-    assert refused.returncode == 2, refused.describe()
-    (line,) = refused.output.strip().splitlines()
+    line = only_an_error_line(refused)
     assert line.startswith(f"prepare_bert_data.py: error: {out} is in use by another run (pid {os.getpid()}")
     assert not (out / "metadata.json").exists()
 
@@ -146,9 +143,9 @@ def test_a_flipped_byte_in_a_checkpoint_is_caught_and_the_previous_one_used(tmp_
     out = tmp_path / "out"
     common = [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "1", "--checkpoint-every", "10"]
     ok(horovodrun(2, [*common, "--stop-after", "20"], timeout=180))
-    newest = out / "step-000000020.pt"
-    check = launch(["sha256sum", "-c", newest.name + ".sha256"], timeout=30, cwd=out)
-    assert check.returncode == 0, check.describe()  # the sidecar is sha256sum's format
+    newest = checkpoint_file(out, 20)
+    # The sidecar is sha256sum's format.
+    ok(launch(["sha256sum", "-c", checksum_file(newest).name], timeout=30, cwd=out))
     before = torch.load(newest, weights_only=True)["model"]
     flip_a_byte_in_the_largest_tensor(newest)
     after = torch.load(newest, weights_only=True)["model"]  # loads fine: only a checksum can tell
@@ -156,8 +153,8 @@ def test_a_flipped_byte_in_a_checkpoint_is_caught_and_the_previous_one_used(tmp_
     run = ok(horovodrun(2, [*common, "--stop-after", "25"], timeout=180))
     assert f"warning: checkpoint {newest} is damaged: sha256" in run.output, run.describe()
     assert "resuming at epoch 0 sample 320 (step 10)" in run.output, run.describe()
-    assert (out / "step-000000020.pt.corrupt").is_file()
-    assert (out / "step-000000020.pt.corrupt.sha256").is_file()
+    assert set_aside(newest).is_file()
+    assert checksum_file(set_aside(newest)).is_file()
 
 
 # ---------------------------------------------------------------- BERT shards
@@ -247,7 +244,4 @@ def test_hostile_host_names_are_refused_in_every_input_form(tmp_path, form):
         run = python([DISCOVER, hostfile], timeout=30, env=NO_ALLOCATION)
     else:
         run = make_hostfile(args, env)
-    assert run.returncode == 2, run.describe()
-    lines = run.output.strip().splitlines()
-    assert len(lines) == 1 and ": error:" in lines[0], run.describe()
-    assert "node1;touch" in lines[0], run.describe()  # the bad name is shown
+    only_an_error_line(run, "node1;touch")  # the bad name is shown

@@ -16,6 +16,7 @@ from hvdtrain import testhooks
 from hvdtrain.runtime import nonfinite
 from hvdtrain.errors import UsageError
 from support.bert_data import make_small_static_data
+from support.checkpoints import checkpoint_name, checkpoint_names
 from support.checks import ok, one_error_line
 from support.commands import CNN, PRETRAIN, QUICK_CNN
 from support.launch import REPO, horovodrun
@@ -61,7 +62,7 @@ def test_cnn_stop_mode_ends_every_rank_with_one_line_naming_step_and_rank(tmp_pa
     assert run.returncode == nonfinite.NONFINITE_EXIT, run.describe()
     one_error_line(run, "non-finite loss (NaN or Inf) at step 3 on rank 1", "--nonfinite-loss stop", status=nonfinite.NONFINITE_EXIT)
     # Nothing was saved after the bad step: the last checkpoint holds finite weights.
-    assert sorted(path.name for path in out.glob("step-*.pt")) == ["step-000000002.pt"]
+    assert checkpoint_names(out) == [checkpoint_name(2)]
 
 
 def test_too_many_skipped_steps_in_a_row_stop_every_rank(tmp_path):

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from hvdtrain.bench import bounds, options, predict
+from support.checks import ok
 from support.launch import REPO, SCRIPTS, launch, python
 
 BENCH = SCRIPTS / "benchmark.py"
@@ -65,7 +66,7 @@ def predicted_rows(output):
 def test_predict_cli_prints_every_node_count_and_the_fp16_verdict():
     ran = python([BENCH, "predict", "--model", "resnet50", "--compute-ms", "100", "--link-gbit", "25",
                   "--cast-gbps", "500"], timeout=120)
-    assert ran.returncode == 0, ran.describe()
+    ok(ran)
     rows = predicted_rows(ran.output)
     assert [row[0] for row in rows] == options.NODES, ran.describe()
     for nodes, comm, step, efficiency, comm16, step16, efficiency16 in rows:
@@ -85,7 +86,7 @@ def test_predict_reads_a_link_from_an_allreduce_sweep(tmp_path):
                                                          pytest.approx(40e-6 / 6))
     ran = python([BENCH, "predict", "--gradient-bytes", "1e8", "--tensors", "10", "--compute-ms", "50",
                   "--sweep", sweep, "--cast-gbps", "10", "--nodes", "4", "16"], timeout=120)
-    assert ran.returncode == 0, ran.describe()
+    ok(ran)
     assert "busbw 1.01 GB/s" in ran.output and "latency 6.7 us" in ran.output, ran.describe()
     assert [row[0] for row in predicted_rows(ran.output)] == [4, 16]
 
@@ -116,7 +117,7 @@ def test_validate_checks_every_cell_of_the_link_study():
         assert cell["error"] == pytest.approx(cell["predicted_s"] / cell["measured_s"] - 1)
         assert cell["compute_s"] <= cell["predicted_s"] <= cell["no_overlap_s"] + 1.0  # casts and latency on top
     ran = python([BENCH, "predict", "--validate", STUDY, "--cast-gbps", "1.5"], timeout=180)
-    assert ran.returncode == 0, ran.describe()
+    ok(ran)
     assert len(re.findall(r"^\| 1?0?gbit .* [+-]\d+ % \|$", ran.output, re.M)) == 16, ran.describe()
     assert re.search(r"within \+-10 %: \d+ of 16 cells", ran.output), ran.describe()
 
@@ -151,7 +152,7 @@ def test_a_link_studys_summary_is_computed_from_its_result_files(tmp_path):
     at = options.index("--output-dir")
     options[at + 1] = str(tmp_path)
     ran = python([REPO / "tools" / "link_study.py", *options, "--summarize-only"], timeout=120)
-    assert ran.returncode == 0, ran.describe()
+    ok(ran)
     again = json.loads((tmp_path / "study.json").read_text())
     assert again["command"] == committed["command"] and "--summarize-only" in again["summarized_by"]
     for key in ("hosts", "base_one_rank", "base_placed", "placed_cpu_cores_per_rank", "rows"):
@@ -173,7 +174,8 @@ def test_validate_says_where_a_step_goes_on_shared_cores():
         assert cell["extra_cpu_s"] == pytest.approx(cell["cpu_s"] - cell["loop_cpu_s"])
         assert cell["machine_busy"] == pytest.approx(4 * row["cpu_cores_per_rank"] / study["machine_cores"])
     ran = python([BENCH, "predict", "--validate", FOUR_HOSTS / "study.json", "--cast-gbps", "1.5"], timeout=180)
-    assert ran.returncode == 0 and "Where a step goes on the 2 cores the 4 ranks share" in ran.output, ran.describe()
+    ok(ran)
+    assert "Where a step goes on the 2 cores the 4 ranks share" in ran.output, ran.describe()
 
 
 # Every `benchmark.py predict` command the docs show, as written (a comment after it dropped).
@@ -190,4 +192,5 @@ def test_docs_show_predict_commands():
 @pytest.mark.parametrize("command", DOC_COMMANDS)
 def test_predict_commands_in_docs_run(command):
     ran = launch([sys.executable, *shlex.split(command)[1:]], 180, cwd=REPO)
-    assert ran.returncode == 0 and re.search(r"^\| (2|1gbit) \|", ran.output, re.M), ran.describe()
+    ok(ran)
+    assert re.search(r"^\| (2|1gbit) \|", ran.output, re.M), ran.describe()

@@ -3,12 +3,12 @@
 A fault at 16 ranks must still read as one line naming who failed, not one
 line per surviving rank.
 """
-import re
 import sys
 import time
 
 import pytest
 
+from support.checks import the_error_line
 from support.commands import CNN
 from support.launch import launch
 
@@ -19,10 +19,6 @@ SMALL = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--thre
 QUICK_WATCHDOG = {"HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"}
 
 
-def error_lines(output):
-    return [line for line in output.splitlines() if re.search(r"(rank \d+|\w+\.py): error:", line)]
-
-
 @pytest.mark.scale  # at 2x2 on two hosts: test_four_nodes.py
 def test_a_frozen_node_at_16_ranks_is_one_line_naming_its_ranks(tmp_path, need_horovod, need_mpi):
     """Four ranks (a node's worth) frozen at once: rank 0 names them; the 12 others stay quiet."""
@@ -31,11 +27,9 @@ def test_a_frozen_node_at_16_ranks_is_one_line_naming_its_ranks(tmp_path, need_h
                  env={**QUICK_WATCHDOG, "HVDTRAIN_FAULT": "rank=12-15,step=5,kind=stop"})
     elapsed = time.monotonic() - started
     assert not run.timed_out and run.returncode != 0, run.describe()
-    errors = error_lines(run.output)
-    assert len(errors) == 1, run.describe()
-    assert "rank 0: error:" in errors[0] and "not heard from ranks 12-15 (4 of 16 on" in errors[0], run.describe()
-    assert "frozen, dead or cut off" in errors[0], run.describe()
-    print(f"frozen node at {RANKS} ranks: one line after {elapsed:.0f} s: {errors[0]}")
+    line = the_error_line(run.output, "rank 0: error:", "not heard from ranks 12-15 (4 of 16 on",
+                          "frozen, dead or cut off", shown=run.describe())
+    print(f"frozen node at {RANKS} ranks: one line after {elapsed:.0f} s: {line}")
 
 
 def test_the_job_speaks_through_rank_0_else_its_deputy_else_each_rank_itself(need_horovod):

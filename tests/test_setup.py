@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from support.checks import ok
 from support.hosts import no_network
 from support.launch import REPO, launch
 
@@ -18,7 +19,7 @@ from support.launch import REPO, launch
 def test_second_setup_is_quick_and_horovod_has_every_backend(need_horovod):
     started = time.monotonic()
     run = launch(["bash", "scripts/setup/setup.sh"], timeout=300)
-    assert run.returncode == 0, run.describe()
+    ok(run)
     assert "building Horovod" not in run.output, "setup rebuilt Horovod instead of reusing it"
     assert "PyTorch, MPI and Gloo available" in run.output
     print(f"second setup took {time.monotonic() - started:.1f} s")
@@ -48,7 +49,7 @@ def dry_run(env=None, args=("--dry-run",)):
 
 def test_setup_installs_what_the_scripts_need_and_no_test_only_packages(tmp_path):
     run = dry_run({"PATH": bare_path(tmp_path)})
-    assert run.returncode == 0, run.describe()
+    ok(run)
     (line,) = [line for line in run.output.splitlines() if "apt-get install" in line]
     packages = line.split("apt-get install", 1)[1].split()
     assert packages == ["openmpi-bin", "libopenmpi-dev", "cmake", "g++", "make", "patch"], line
@@ -72,7 +73,7 @@ def test_without_mpi_setup_builds_horovod_with_gloo_only(tmp_path, env, user, sa
     finally:
         if user:
             shutil.rmtree(tmp_path)
-    assert run.returncode == 0, run.describe()
+    ok(run)
     assert said in run.output and "mpirun does not" in run.output, run.describe()
     assert "Horovod with Gloo only (HOROVOD_WITHOUT_MPI=1), no mpi4py" in run.output, run.describe()
     assert "openmpi" not in run.output, run.describe()
@@ -87,7 +88,8 @@ def test_test_deps_are_installed_by_make_test_not_make_setup():
     for package in TEST_ONLY:
         assert f"missing+=({package})" in source
     deps = launch(["bash", "scripts/setup/test-deps.sh", "--dry-run"], timeout=30)
-    assert deps.returncode == 0 and "[test-deps] dry run: apt-get install" in deps.output, deps.describe()
+    ok(deps)
+    assert "[test-deps] dry run: apt-get install" in deps.output, deps.describe()
 
 
 @pytest.mark.parametrize("variant, expected", [
@@ -101,7 +103,8 @@ def test_test_deps_are_installed_by_make_test_not_make_setup():
 ])
 def test_torch_variant_choices(variant, expected):
     run = dry_run(variant)
-    assert run.returncode == 0 and expected in run.output, run.describe()
+    ok(run)
+    assert expected in run.output, run.describe()
 
 
 @pytest.mark.parametrize("env, fragment", [
@@ -128,7 +131,7 @@ def test_existing_torch_mode_keeps_that_torch_and_adds_horovod(tmp_path, need_ho
     venv = tmp_path / "venv"
     run = launch(["bash", SETUP], timeout=600,
                  env={"PYTHON": sys.executable, "USE_SYSTEM_TORCH": "1", "VENV": str(venv)})
-    assert run.returncode == 0, run.describe()
+    ok(run)
     assert "building Horovod" not in run.output, "the cached wheel should have been reused"
     assert f"using torch {torch.__version__} from {torch_file}" in run.output, run.describe()
     probe = launch([venv / "bin/python", "-c", "import torch, horovod; print(torch.__file__); print(horovod.__file__)"],
@@ -154,7 +157,8 @@ def path_without_mpi(folder):
 def make_wheelhouse(folder, **env):
     """``make wheelhouse WHEELHOUSE=folder`` (with network), for this Python."""
     made = launch(["make", "wheelhouse", f"WHEELHOUSE={folder}"], timeout=900, env={"PYTHON": sys.executable, **env})
-    assert made.returncode == 0 and (folder / "wheelhouse.txt").is_file(), made.describe()
+    ok(made)
+    assert (folder / "wheelhouse.txt").is_file(), made.describe()
     assert (folder / "horovod-0.28.1.tar.gz").is_file() and (folder / "horovod-0.28.1-torch-cxx17.patch").is_file()
     return made
 
@@ -202,7 +206,7 @@ def test_with_no_network_and_no_mpi_a_wheelhouse_builds_horovod_for_this_torch_a
            "PATH": path, "HOROVOD_WHEEL_CACHE": str(tmp_path / "cache")}
     with no_network() as offline:
         setup = offline_setup(offline, env)
-        assert setup.returncode == 0, setup.describe()
+        ok(setup)
         for said in (f"installing from WHEELHOUSE={wheelhouse} alone (no index, no apt)",
                      "no MPI: no mpicc on PATH, and a WHEELHOUSE setup installs no system packages",
                      "building Horovod 0.28.1", "horovodrun --check-build: PyTorch and Gloo available (no MPI: Gloo only)"):
@@ -214,12 +218,13 @@ def test_with_no_network_and_no_mpi_a_wheelhouse_builds_horovod_for_this_torch_a
         cnn = [python, str(REPO / "scripts/train_cnn.py"), "--model", "convnet", "--image-size", "8", "--max-steps", "4"]
         plain = launch([*offline, horovodrun, "-np", "2", *cnn, "--output-dir", tmp_path / "plain", "--no-resume"],
                        timeout=300, env={"PATH": path})
-        assert plain.returncode == 0 and "2 workers" in plain.output, plain.describe()
+        ok(plain)
+        assert "2 workers" in plain.output, plain.describe()
         elastic = launch([*offline, horovodrun, "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
                           "--host-discovery-script", f"{python} {REPO / 'scripts/discover_hosts.py'} "
                           f"{REPO / 'hostfiles/elastic'}", *cnn, "--elastic", "--output-dir", tmp_path / "elastic"],
                          timeout=300, env={"PATH": path})
-        assert elastic.returncode == 0, elastic.describe()
+        ok(elastic)
         mpi = launch([*offline, horovodrun, "--mpi", "-np", "2", *cnn, "--output-dir", tmp_path / "mpi"], timeout=60,
                      env={"PATH": path})
     assert mpi.returncode == 2 and "Traceback" not in mpi.output, mpi.describe()
@@ -241,13 +246,14 @@ def test_with_no_network_a_wheelhouse_installs_everything_into_a_new_python(tmp_
     assert list(wheelhouse.glob("cython-*.whl")), "mpi4py's build asks its backend for Cython"
     with no_network() as offline:
         setup = offline_setup(offline, {"PYTHON": str(base), "VENV": str(venv), "WHEELHOUSE": str(wheelhouse)})
-        assert setup.returncode == 0, setup.describe()
+        ok(setup)
         assert "horovodrun --check-build: PyTorch, MPI and Gloo available" in setup.output, setup.describe()
         assert "building Horovod" not in setup.output, setup.describe()  # make setup cached this torch's wheel
         probe = launch([*offline, venv / "bin/python", "-c", "import torch; from mpi4py import MPI; "
                         "print(MPI.COMM_WORLD.Get_size(), torch.__file__)"], timeout=60)
     size, torch_file = probe.output.split()[-2:]
-    assert probe.returncode == 0 and size == "1", probe.describe()
+    ok(probe)
+    assert size == "1", probe.describe()
     assert Path(torch_file).is_relative_to(venv), probe.describe()  # the wheelhouse's torch, in the new venv
 
 
@@ -260,7 +266,7 @@ def test_the_gpu_check_dry_runs_on_the_cpu(tmp_path, need_horovod):
     fits the device's 64 MiB; at most 8 files come back; figures.json holds each run's rate."""
     out = tmp_path / "check"
     run = launch(["bash", "tools/gpu_check.sh", out], timeout=300, env={"DRY_RUN": "1", "PYTHON": sys.executable})
-    assert run.returncode == 0, run.describe()
+    ok(run)
     for stage in GPU_CHECK_STAGES:  # pytest's 5: no test ran (all deselected without a GPU)
         status = 5 if stage == "gpu-tests" else 0
         assert re.search(rf"^\[gpu-check\] {stage}: exit {status} in \d+ s$", run.output, re.MULTILINE), run.describe()

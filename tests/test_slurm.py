@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from support.bert_data import prepare_bert_data
+from support.checkpoints import any_checkpoint, checkpoint_file
+from support.checks import ok
 from support.image_data import make_image_folder
 from support.commands import QUICK_CNN, SLOW_RANK_WATCH, SLOW_SHARE
 from support.launch import REPO, SCRIPTS, horovodrun, launch
@@ -47,7 +49,7 @@ def test_every_sbatch_line_carries_a_comment(path):
 def test_slurm_shell_files_parse():
     for path in sorted(SLURM.iterdir()):
         checked = launch(["bash", "-n", path], timeout=10)
-        assert checked.returncode == 0, checked.describe()
+        ok(checked)
 
 
 def test_sbatch_file_outside_slurm_is_one_line_exit_2():
@@ -156,7 +158,7 @@ def signal_at_first_checkpoint(cluster, jobs, signals, root):
     waiting = dict(signals)
     deadline = time.monotonic() + JOB_TIMEOUT
     while waiting:
-        ready = [name for name in waiting if list((root / name).glob("step-*.pt"))]
+        ready = [name for name in waiting if any_checkpoint(root / name)]
         held = {}
         for name in ready:  # every ready job stopped at once, then signalled in turn
             held[name] = sorted({pid for rank in (0, 1) for pid in rank_pids(str(root / name), rank)})
@@ -248,7 +250,7 @@ def test_term_to_a_horovodrun_batch_shell_reaches_the_ranks_and_resumes(image_jo
     assert checkpoint_at(out, step)["train_state"]["step"] == step < IMAGE_STEPS
     resumed = horovodrun(2, [SCRIPTS / "train_cnn.py", "--data", data, "--output-dir", out, *IMAGE_RUN,
                              "--max-steps", step + 2], timeout=JOB_TIMEOUT)
-    assert resumed.returncode == 0 and not resumed.timed_out, resumed.describe()
+    ok(resumed)
     assert f"(step {step})" in resumed.output, resumed.describe()
     assert json.loads((out / "results.json").read_text())["steps"] == step + 2
 
@@ -262,7 +264,7 @@ def test_bert_phase1_then_phase2_in_order(slurm_cluster, need_horovod, tmp_path)
                         "--sbatch", f"--output={tmp_path}/%x-%j.out",
                         "--", "--model", "tiny", "--batch-size", "8", "--checkpoint-every", "0"],
                        timeout=60, env={"SLURM_CONF": str(slurm_cluster.conf)})
-    assert submitted.returncode == 0, submitted.describe()
+    ok(submitted)
     phase1, phase2 = re.findall(r"phase \d: job (\d+)", submitted.output)
 
     waiting = slurm_cluster.job(phase2)
@@ -289,7 +291,7 @@ def test_bert_phase2_is_cancelled_when_phase1_fails(slurm_cluster, tmp_path):
                         "--output-dir", tmp_path / "bert", "--sbatch", f"--output={tmp_path}/%x-%j.out",
                         "--", "--no-such-option"],
                        timeout=60, env={"SLURM_CONF": str(slurm_cluster.conf)})
-    assert submitted.returncode == 0, submitted.describe()
+    ok(submitted)
     phase1, phase2 = re.findall(r"phase \d: job (\d+)", submitted.output)
     first = slurm_cluster.wait_for_end(phase1, JOB_TIMEOUT)
     assert first["JobState"] == "FAILED", first
@@ -339,7 +341,7 @@ def test_output_dir_lock_across_jobs_and_requeues(slurm_cluster, need_horovod, t
     info = slurm_cluster.wait_for_end(job, JOB_TIMEOUT)
     assert info["JobState"] == "COMPLETED", f"{info}\n{log.read_text()}"
     assert "it was an earlier run of this Slurm job (requeued)" in log.read_text(), log.read_text()
-    assert (requeued / "step-000000002.pt").is_file() and not (requeued / "run.lock").exists()
+    assert checkpoint_file(requeued, 2).is_file() and not (requeued / "run.lock").exists()
 
 
 def slow_scontrol_update(tmp_path, delay=3):

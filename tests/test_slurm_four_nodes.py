@@ -24,6 +24,8 @@ import time
 
 import pytest
 
+from support.checkpoints import any_checkpoint, checkpoint_file, newest_step
+from support.checks import error_lines, ok, the_error_line
 from support.commands import CNN, DISCOVER
 from support.hosts import INTERFACE
 from support.launch import launch
@@ -165,9 +167,9 @@ def past_open_mpi_start(cluster, submit, checkpointed=False):
     for attempt in range(2):
         job, log, out = submit(attempt)
         if checkpointed:
-            cluster.wait_for(job, lambda info: any(out.glob("step-*.pt")) or info.get("JobState") not in (
+            cluster.wait_for(job, lambda info: any_checkpoint(out) or info.get("JobState") not in (
                 "PENDING", "RUNNING", "CONFIGURING"), "checkpointed", JOB_TIMEOUT)
-            if any(out.glob("step-*.pt")):
+            if any_checkpoint(out):
                 return job, log, out
         info = cluster.wait_for_end(job, JOB_TIMEOUT)
         text = log.read_text(errors="replace")
@@ -187,15 +189,13 @@ def open_mpi_failed_at_start(info, text, out):
     srun's line alone. One resubmission, for the tests whose job must start; docs/testing.md."""
     segfault = ("A system call failed during shared memory initialization" in text
                 or re.search(r"^srun: error: node\d+: tasks? [\d-]+: Segmentation fault", text, re.M))
-    return info.get("ExitCode") == "139:0" and bool(segfault) and not any(out.glob("step-*.pt"))
+    return info.get("ExitCode") == "139:0" and bool(segfault) and not any_checkpoint(out)
 
 
 def assert_one_line_naming_the_last_node(log, shape):
-    errors = [line for line in log.splitlines() if re.search(r"rank \d+: error:", line)]
-    assert len(errors) == 1 and "rank 0: error:" in errors[0], log
-    assert shape.last_ranks() in errors[0], log
+    line = the_error_line(log, "rank 0: error:", shape.last_ranks())
     assert "Traceback" not in log and "terminate called" not in log, log
-    return errors[0]
+    return line
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -223,9 +223,9 @@ def test_a_partitioned_node_under_srun_ends_the_job_within_120_s_with_one_line(f
     down after SlurmdTimeout): the job shows COMPLETING meanwhile."""
     out, log = tmp_path / "run", tmp_path / "job.out"
     job = srun_job(four_node_slurm, four_hosts, log, out, QUICK_WATCHDOG, shape)
-    four_node_slurm.wait_for(job, lambda info: any(out.glob("step-*.pt")) or info.get("JobState") != "RUNNING"
+    four_node_slurm.wait_for(job, lambda info: any_checkpoint(out) or info.get("JobState") != "RUNNING"
                              and info.get("JobState") != "PENDING", "checkpointed", JOB_TIMEOUT)
-    assert any(out.glob("step-*.pt")), log.read_text(errors="replace")
+    assert any_checkpoint(out), log.read_text(errors="replace")
     cut = time.monotonic()
     four_hosts.link(shape.last, "down")
     try:
@@ -260,9 +260,9 @@ def test_a_node_that_vanishes_under_srun_ends_the_job_and_the_last_checkpoint_re
     info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
     log = job_out.read_text(errors="replace")
     assert info["JobState"] == "FAILED", f"{info}\n{log}"
-    assert shape.last in log and len(re.findall(r"rank \d+: error:", log)) <= 1, log
+    assert shape.last in log and len(error_lines(log)) <= 1, log
     assert "Traceback" not in log and "terminate called" not in log, log
-    last = max(int(path.stem.split("-")[1]) for path in out.glob("step-*.pt"))
+    last = newest_step(out)
     again = srun_job(four_node_slurm, four_hosts, tmp_path / "again.out", out, {}, shape)
     info = four_node_slurm.wait_for_end(again, JOB_TIMEOUT)
     text = (tmp_path / "again.out").read_text(errors="replace")
@@ -320,9 +320,9 @@ def test_elastic_job_loses_a_nodes_slurmd_and_ranks_goes_on_without_it_and_compl
             env={**four_hosts.env(), "LAUNCHER": "horovodrun-elastic",
                  "LAUNCHER_ARGS": f"--network-interface {INTERFACE} --blacklist-cooldown-range {COOLDOWN[0]} {COOLDOWN[1]}"})
         # 64 samples a step, 23 steps an epoch: a checkpoint at step 30 is in epoch 2.
-        four_node_slurm.wait_for(job, lambda info: (out / "step-000000030.pt").exists() or info.get("JobState") not in (
+        four_node_slurm.wait_for(job, lambda info: checkpoint_file(out, 30).exists() or info.get("JobState") not in (
             "PENDING", "RUNNING", "CONFIGURING"), "at step 30", JOB_TIMEOUT)
-        assert (out / "step-000000030.pt").exists(), log.read_text(errors="replace")
+        assert checkpoint_file(out, 30).exists(), log.read_text(errors="replace")
         with contextlib.ExitStack() as survivors:
             killed = time.monotonic()
             four_hosts.vanish(lost, "slurmd")
@@ -370,6 +370,4 @@ def discover_in_job(cluster, job, state, shape):
     env = cluster.env({"SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": ",".join(shape.hosts),
                        "SLURM_TASKS_PER_NODE": f"{shape.slots}(x{len(shape.hosts)})",
                        "HVD_DISCOVERY_STATE": str(state)})
-    ran = launch(cluster.on("node1", [sys.executable, DISCOVER, "--slurm"]), timeout=60, env=env)
-    assert ran.returncode == 0, ran.describe()
-    return ran
+    return ok(launch(cluster.on("node1", [sys.executable, DISCOVER, "--slurm"]), timeout=60, env=env))

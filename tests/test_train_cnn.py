@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hvdtrain.runtime import precision
+from support.checkpoints import CHECKPOINT_GLOB, best_file, checkpoint_files
 from support.checks import ok, one_error_line
 from support.image_data import make_cifar10, make_image_folder
 from support.launch import SCRIPTS, horovodrun, launch, python
@@ -42,7 +43,7 @@ def test_default_data_reaches_95_percent(tmp_path):
     assert rows[-1]["val_top1"] == results["val_top1"]
     # 359 validation images, each counted once: top-1 is a multiple of 1/359.
     assert abs(results["val_top1"] * 359 - round(results["val_top1"] * 359)) < 1e-6
-    assert (out / "best.pt").is_file() and len(list(out.glob("step-*.pt"))) == 3
+    assert best_file(out).is_file() and len(checkpoint_files(out)) == 3
     # Rank 0's collective moments, timed (tools/scale_study.py reads them at 1-32 ranks).
     moments = results["durations"]
     assert moments["checking that the ranks agree"]["count"] == 1, moments
@@ -51,7 +52,7 @@ def test_default_data_reaches_95_percent(tmp_path):
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     # The reported accuracy is the saved model's: best.pt, evaluated in this one
     # process, scores the best epoch's val_top1 (BatchNorm statistics averaged).
-    assert saved_model_top1(out / "best.pt") == pytest.approx(results["best_val_top1"], abs=1e-9)
+    assert saved_model_top1(best_file(out)) == pytest.approx(results["best_val_top1"], abs=1e-9)
 
 
 def saved_model_top1(path):
@@ -171,7 +172,7 @@ def test_signal_to_one_rank_checkpoints_and_exits_zero_on_every_rank(tmp_path):
         horovodrun -np 2 --gloo {sys.executable} {SCRIPT} --output-dir {out} \\
             --image-size 8 --batch-size 8 --epochs 5 --checkpoint-every 5 &
         launcher=$!
-        until ls {out}/step-*.pt >/dev/null 2>&1; do sleep 0.1; done
+        until ls {out}/{CHECKPOINT_GLOB} >/dev/null 2>&1; do sleep 0.1; done
         for pid in $(pgrep -f '{ranks}'); do
             if tr '\\0' '\\n' < /proc/$pid/environ | grep -qx HOROVOD_RANK=1; then
                 kill -USR1 $pid
@@ -180,7 +181,7 @@ def test_signal_to_one_rank_checkpoints_and_exits_zero_on_every_rank(tmp_path):
         wait $launcher
     """
     run = launch(["bash", "-c", script], timeout=240)
-    assert run.returncode == 0 and not run.timed_out, run.describe()
+    ok(run)
     match = re.search(r"stopped by SIGUSR1 \(rank 1\) at step (\d+)", run.rank_output(0))
     assert match, run.describe()
     step = int(match.group(1))
@@ -208,12 +209,12 @@ def test_usr1_to_mpirun_with_dataloader_workers_checkpoints_and_resumes(tmp_path
     script = f"""
         {' '.join(map(str, command))} &
         launcher=$!
-        until ls {out}/step-*.pt >/dev/null 2>&1 || ! kill -0 $launcher 2>/dev/null; do sleep 0.1; done
+        until ls {out}/{CHECKPOINT_GLOB} >/dev/null 2>&1 || ! kill -0 $launcher 2>/dev/null; do sleep 0.1; done
         kill -USR1 $launcher
         wait $launcher
     """
     run = launch(["bash", "-c", script], timeout=240)
-    assert run.returncode == 0 and not run.timed_out, run.describe()
+    ok(run)
     assert "Traceback" not in run.output and "exited unexpectedly" not in run.output, run.describe()
     match = re.search(r"stopped by SIGUSR1 \(rank \d\) at step (\d+)", run.output)
     assert match, run.describe()
@@ -222,7 +223,7 @@ def test_usr1_to_mpirun_with_dataloader_workers_checkpoints_and_resumes(tmp_path
     assert json.loads((out / "results.json").read_text())["completed"] is False
 
     resumed = launch([*command, "--max-steps", step + 2], timeout=240)
-    assert resumed.returncode == 0 and not resumed.timed_out, resumed.describe()
+    ok(resumed)
     assert f"(step {step})" in resumed.output and "resuming at epoch" in resumed.output, resumed.describe()
     assert json.loads((out / "results.json").read_text())["steps"] == step + 2
 
@@ -308,7 +309,7 @@ def test_mpirun_exit_status_is_2_for_a_corrupt_image(tmp_path, need_mpi):
 
 def test_help_shows_defaults():
     run = python([SCRIPT, "--help"], timeout=60)
-    assert run.returncode == 0, run.describe()
+    ok(run)
     text_of_help = " ".join(run.output.split())  # undo argparse's line wrapping
     for text in ("--batches-per-allreduce", "--fp16-allreduce", "--use-adasum", "--sync-bn",
                  "(default: resnet20)", "(default: digits)", "--resume, --no-resume"):

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from .checks import ok
 from .launch import REPO, launch
 from .needs import require, require_program
 
@@ -325,7 +326,7 @@ class SlurmCluster:
         """Submit; returns the job id. ``args``: sbatch options, script, script args."""
         submitted = launch(self.on(self.host, ["sbatch", "--parsable", *args]), timeout=30,
                            env={"SLURM_CONF": str(self.conf), **(env or {})}, cwd=cwd)
-        assert submitted.returncode == 0, submitted.describe()
+        ok(submitted)
         return submitted.output.strip().split(";")[0].splitlines()[-1]
 
     def job(self, job_id, patience=60):

@@ -16,22 +16,17 @@ Two kinds of equality, two precisions:
   deterministic as fp32 for the same operations in the same order. These run ``auto``, so a CPU
   with bf16 proves bf16's resume too.
 """
-from pathlib import Path
-
 import torch
+
+from .checkpoints import checkpoint_file
 
 EXACT = ["--precision", "fp32"]  # the precision in which splits of a batch agree to TOLERANCE
 TOLERANCE = 1e-5  # float32 summation order over a few dozen steps
 
 
-def checkpoint_name(step):
-    """The file a run writes at ``step`` (runtime/checkpoint.py's naming)."""
-    return f"step-{step:09d}.pt"
-
-
 def checkpoint_at(directory, step):
     """The checkpoint ``directory`` holds for ``step``, loaded on the CPU."""
-    return torch.load(Path(directory) / checkpoint_name(step), map_location="cpu", weights_only=True)
+    return torch.load(checkpoint_file(directory, step), map_location="cpu", weights_only=True)
 
 
 def assert_same_weights(actual, expected, where="", atol=TOLERANCE):
