@@ -12,7 +12,7 @@
     python scripts/benchmark.py predict --model resnet50 --compute-ms 100 --link-gbit 100   # 2-512 nodes
 
 train: synthetic data through the trainers' own models and training steps
-(hvdtrain.training.cnn and .bert Trainer.train_step); warm-up steps are
+(hvdtrain.training.cnn and .bert Trainer: forward_backward, step); warm-up steps are
 left out, then each timed window gives a rate; reported as the median, the
 spread and mean ± 1.96σ over windows, per worker and in total.
 allreduce: a message-size sweep with time, algorithm bandwidth and bus

@@ -18,7 +18,6 @@ ranks; --elastic --global-batch N: N at every world size, split among the ranks)
 changing the schedule, exactly like SIGTERM/SIGUSR1 do. Relaunching with the
 same --output-dir resumes at the same step and sample.
 """
-from contextlib import nullcontext
 from pathlib import Path
 
 from hvdtrain import cli, options
@@ -89,16 +88,21 @@ if __name__ == "__main__":
     cli.run_main(parse_args)
 
 # The training's imports, after the early parse above (transformers: only where a model is built).
+from contextlib import nullcontext
+
 import torch
 import horovod.torch as hvd
 
 from hvdtrain.data import bert_data, bert_elastic
+from hvdtrain.durations import SectionTimer
 from hvdtrain.models import bert as bert_models
-from hvdtrain.runtime import (checkpoint, collectives, consistency, dist, elastic, horovod_profile,
-                              precision, rng, signals)
-from hvdtrain.runtime.metrics import SumMeter, Throughput
+from hvdtrain.runtime import collectives, consistency, dist, elastic, nonfinite, precision, rng, signals
+from hvdtrain.runtime.checkpoint import Checkpointer
+from hvdtrain.runtime.checkpoint_files import load_init_checkpoint
+from hvdtrain.runtime.metrics import SumMeter, Throughput, rate_text
 from hvdtrain.runtime.run import Run, finished_before_start
 from hvdtrain.training import balance, bert
+from hvdtrain.training.batching import Batching
 from hvdtrain.training.bert import BertSettings
 
 
@@ -118,7 +122,7 @@ def load_setup(args, ctx):
         bert_data.check_shard(args.data, entry, metadata)
     init = None
     if args.init_checkpoint is not None:
-        init = checkpoint.load_init_checkpoint(args.init_checkpoint)
+        init = load_init_checkpoint(args.init_checkpoint)
         if not {"model", "bert_config", "train_state"} <= set(init):
             raise UsageError(f"--init-checkpoint {args.init_checkpoint} is not a pretrain_bert.py checkpoint")
         bert_data.check_vocabulary(init, metadata, f"--init-checkpoint {args.init_checkpoint}")
@@ -168,18 +172,20 @@ def main(argv=None):
     elastic.check_launcher(args.elastic)
     dist.exit_quietly_on_interrupt()
     stop_request = signals.StopRequest()
-    dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
-    profile = horovod_profile.apply(args)  # Horovod's variables from benchmark.py tune, before hvd.init()
-    # Horovod: hvd.init(), this rank's device, the node's cores shared by its ranks
-    ctx = dist.init(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
+    profile = dist.configure_horovod(args)  # the variables hvd.init() reads: diagnostics, a tuned profile
+    # Horovod: initialize Horovod
+    hvd.init()
+    # Horovod: this rank's GPU (one per process), its share of the node's cores, its watchdog and heartbeat
+    ctx = dist.setup(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
     if profile:
         ctx.print0(profile)
-    # Horovod: a check that fails on one rank stops every rank with the same one line
-    agree = lambda check, *a: elastic.agree_before_start(args.elastic, check, *a)  # noqa: E731
+    # Horovod: a check that fails on one rank stops every rank with the same one line (--elastic: each
+    # rank checks alone, since a worker joining a running job may make no collective before its sync)
+    agree = collectives.agreement(alone=args.elastic)
     metadata, config, init = agree(load_setup, args, ctx)
     amp_dtype, use_scaler = agree(autocast_settings, args, ctx)
     settings = resolved_settings(args, ctx, metadata, config, amp_dtype)
-    if not settings.elastic:  # a worker joining an elastic job may make no collective before its sync
+    if not settings.elastic:
         # Horovod: the same job on every rank (settings and shards), or one line naming the difference
         consistency.check_ranks_agree(settings, {"shards_sha256": consistency.digest(
             f"{entry['file']} {entry['instances']} {entry.get('sha256', '')}" for entry in metadata["shards"])})
@@ -190,10 +196,10 @@ def main(argv=None):
     # --elastic, --global-batch and --balance: the epoch's global position (--balance: and the ranks'
     # shares of each step), valid at any world size
     position = bert_elastic.BinPosition() if settings.global_position or settings.balance else None
-    shares = balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps) if settings.balance else None
-    # Horovod: rank r reads its own share of each epoch's shards (--elastic, --balance: its slice
-    # of each step's instances); one step at least at this size, or one line on every rank
-    data = agree(bert.training_data, settings, metadata, ctx, position, shares)
+    shares = (balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps, unit="instances")
+              if settings.balance else None)
+    # Horovod: one step at least fits the data at this size, or one line on every rank (train() reads it)
+    agree(bert.training_data, settings, metadata, ctx, position, shares)
     rng.seed_everything(settings.seed)  # the same initial weights on every rank
     model, objective = bert.build_model(settings, ctx, config)
     # Horovod: gradients are averaged by allreduce once per update, after the last of its
@@ -205,59 +211,60 @@ def main(argv=None):
         backward_passes_per_step=settings.accumulation_steps, op=hvd.Sum if summed else hvd.Average,
         compression=dist.gradient_compression(settings.fp16_allreduce))
     # Horovod: one small allreduce per step: its masked tokens and sequences over every rank
-    counts = bert.step_counts(lambda local: hvd.allreduce(local, op=hvd.Sum, name="bert.step_counts"))
+    counts = bert.step_counts(lambda local: collectives.sum_over_ranks(local, name="bert.step_counts"))
+    state = bert.BertState()
+    timer = SectionTimer()  # this rank's time in data, compute, comm and optimizer: the straggler report's
     trainer = bert.Trainer(model, objective, optimizer, bert.build_schedule(settings, optimizer),
                            torch.amp.GradScaler(ctx.device.type, enabled=use_scaler), ctx.device, amp_dtype,
                            settings.accumulation_steps, settings.max_grad_norm,
-                           global_counts=counts if summed else None)
+                           guard=nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state, say=ctx.print0),
+                           timer=timer, global_counts=counts if summed else None)
     rng.seed_everything(settings.seed + 1 + ctx.rank)  # own dropout masks per rank (a resume restores them)
     if init is not None:  # phase 2: the weights only; a resume below replaces them
         agree(load_init_weights, args, model, init)
 
     meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
-    state, components = bert.BertState(), trainer.components()
-    if position is not None:
-        components["bert_position"] = position
-    if shares is not None:
-        components["balance"] = shares
     # What a checkpoint holds: the same on every rank, each rank's own (its RNG, its metric sums),
     # and what --init-checkpoint and the export read (the model's configuration, the vocabulary's hash).
-    checkpointer = checkpoint.Checkpointer(ctx, settings.output_dir, keep=settings.keep_checkpoints,
-                                           write_mode=settings.checkpoint_write,
-                                           shared={**components, "train_state": state},
-                                           per_rank={"rng": rng.RngState(settings.seed), "meter": meter},
-                                           extra={"bert_config": model.config.to_dict(),
-                                                  "vocab_sha256": metadata["vocab_sha256"]})
-    run = Run(ctx, settings, state, checkpointer, settings.steps, stop_request)
-    # Horovod: every rank restores the checkpoint (or train() broadcasts rank 0's weights); under
-    # --elastic inside hvd.elastic.run, which syncs rank 0's state and calls train() again after a reset.
-    run.launch(lambda: train(run, trainer, meter, (metadata, config, init), data, position, shares))
+    checkpointer = Checkpointer(
+        ctx, settings.output_dir, keep=settings.keep_checkpoints, write_mode=settings.checkpoint_write,
+        shared={**trainer.components(), **({"position": position} if position else {}),
+                **({"balance": shares} if shares else {}), "train_state": state},
+        per_rank={"rng": rng.RngState(settings.seed), "meter": meter},
+        extra={"bert_config": model.config.to_dict(), "vocab_sha256": metadata["vocab_sha256"]},
+        upgrade=bert.upgrade_checkpoint)
+    # Horovod: the run's elastic state, an hvd.elastic.State over the checkpoint's components: under
+    # --elastic committed in memory, restored after a lost worker and synced from rank 0 in a new world
+    commits = elastic.Commits(checkpointer, ctx, settings.elastic_commit_every, enabled=settings.elastic)
+    run = Run(ctx, settings, state, checkpointer, commits, timer, stop_request, shares)
+    # Horovod: under --elastic, hvd.elastic.run calls train() again after every reset
+    train_in_world = hvd.elastic.run(train) if settings.elastic else train
+    train_in_world(commits, run, settings, ctx, state, trainer, meter, (metadata, config, init), position, shares)
 
 
-def train(run, trainer, meter, setup, data, position=None, shares=None):
-    """The steps left, in the current world; --elastic enters again after every reset."""
-    settings, state, ctx = run.settings, run.state, run.ctx
+def train(commits, run, settings, ctx, state, trainer, meter, setup, position, shares):
+    """The steps left, in this world. ``commits``: hvd.elastic.run's state (run.save commits it)."""
     metadata, config, init = setup
-    if run.take_fresh_start():
-        # Horovod: every rank starts from rank 0's initial weights (the optimizer state is still empty)
+    begun = run.begin()  # this world; once per job the newest checkpoint restored: "fresh", "resumed" or "reset"
+    if begun == "fresh":
+        # Horovod: every rank starts from rank 0's initial weights (the optimizer's state is still empty)
         collectives.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
-    if run.resumed:
+    if begun == "resumed":
         ctx.print0(f"resumed from {settings.output_dir} at step {state.step}")
-    elif init is not None:
+    elif begun == "fresh" and init is not None:
         ctx.print0(f"initialised from {settings.init_checkpoint} (its step {init['train_state']['step']})")
-    if state.step >= settings.steps:
-        return run.already_finished()
-    if run.stop_after_already_reached():
+    if run.nothing_to_train(finished=state.step >= settings.steps):
         return
-    if settings.elastic:  # after a reset: this rank's slices in the new world
-        data = bert.training_data(settings, metadata, ctx, position)
+    run.retarget(settings.steps)
+    batching = Batching.of(settings, ctx.size)  # at this world size: the global batch
+    data = bert.training_data(settings, metadata, ctx, position, shares)  # this rank's batches in this world
     if settings.elastic and data.resumed_mid_epoch(state.epoch):
         ctx.print0(f"elastic: {data.resumed_mid_epoch(state.epoch)} at {ctx.size} rank(s)")
     run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "
                  f"seq {metadata['max_seq_length']}, {metadata['num_instances']} instances, {ctx.size} rank(s), "
-                 f"global batch {bert.global_batch(settings, ctx.size)}, {settings.optimizer}, "
-                 f"{precision.describe(settings.precision, ctx.device.type)}")
-    tokens = Throughput()
+                 f"global batch {batching.global_batch}, {settings.optimizer}, "
+                 f"{precision.description(settings.precision, ctx.device.type)}")
+    sequences, tokens = Throughput(), Throughput()  # this launch's, over every step (its first left out)
     trainer.model.train()
     while state.step < settings.steps:
         if state.step_in_epoch >= data.steps_in_epoch(state.epoch):
@@ -269,30 +276,42 @@ def train(run, trainer, meter, setup, data, position=None, shares=None):
                 # shard on one rank is one line and exit 2 on every rank. Later shards are read (and
                 # checked) as the epoch goes, one ahead.
                 collectives.agree_on_errors(data.start_epoch, state.epoch, state.step_in_epoch)
-        first_compiled = settings.compile and not tokens.steps
+        micro_batches = (data.batch(state.step_in_epoch, micro) for micro in range(settings.accumulation_steps))
+        first_compiled = settings.compile and not sequences.steps
         with ctx.watchdog.phase("the first compiled step") if first_compiled else nullcontext():
-            micro_batches = (data.batch(state.step_in_epoch, micro) for micro in range(settings.accumulation_steps))
-            # Horovod: the step's counts allreduce (--global-batch, --balance), the gradient allreduce
-            # (awaited in optim.finish_step), then the ranks' NaN/Inf vote, one allreduce
-            sequences = trainer.train_step(micro_batches, meter, run.nonfinite, run.stragglers.timer)
-        if position is not None:
-            data.step_done(state.step + 1)  # the step's instances join the position
+            # Horovod: forward and backward (--global-batch, --balance: first the step's counts, an
+            # allreduce); the gradients' allreduce starts after the last micro-batch
+            trained = trainer.forward_backward(micro_batches, meter)
+            # Horovod: wait for the averaged gradients, the ranks' NaN/Inf vote (an allreduce), step
+            trainer.step()
+        data.advance(state.step + 1)  # the step's instances join the position
+        sequences.step(trained)
         tokens.step(trainer.last_tokens)
-        # Horovod: every --stop-check-every steps the stop-signal allgather, every
-        # --straggler-interval steps the timings' allgather (Run.step_done)
-        reason = run.step_done(sequences)
+        # Horovod: every --stop-check-every steps the stop vote (an allreduce), every
+        # --straggler-interval steps the timings' allgather
+        reason = run.step_done()
         if state.step == 1 or state.step % settings.log_every == 0 or state.step == settings.steps:
-            state.last_row = bert.log_row(run, meter, trainer.last_lr)  # Horovod: allreduce of the sums
+            state.last_row = bert.log_row(state, meter, trainer.last_lr)  # Horovod: allreduce of the sums
+            run.log.record(state.last_row, state.step)
+            run.log.info(bert.row_line(state.last_row))
             if state.step == 1:
                 state.initial_mlm_loss = state.last_row["mlm_loss"]
-        run.rebalance(shares, "instances")  # --balance: the data reads the changed shares in place
-        # Horovod: when one is due, the checkpoint's collectives and --elastic's commit
-        # (CheckpointManager.after_step lists them): every --checkpoint-every and
-        # --elastic-commit-every steps, at the schedule's end, before a stop
-        run.checkpoints.after_step(last=state.step == settings.steps, stopping=reason is not None)
+        # Horovod: a checkpoint's collectives and --elastic's commit, when one is due (every
+        # --checkpoint-every and --elastic-commit-every steps, the schedule's end, a stop: Run.save)
+        run.save(last=state.step == settings.steps, stopping=reason is not None)
         if reason:
-            return run.stop(reason, bert.results(run, tokens))
-    bert.finish(run, tokens, trainer.model, metadata)
+            # Horovod: this launch's sequences/s and tokens/s over every rank, two allreduces
+            return run.stop(reason, bert.results(state, settings, batching, sequences, tokens))
+    # Horovod: this launch's sequences/s and tokens/s over every rank, two allreduces
+    results = bert.results(state, settings, batching, sequences, tokens)
+    with ctx.watchdog.phase("exporting the model"):
+        if ctx.is_main:
+            results["export_dir"] = bert.export(trainer.model, settings, metadata)
+            run.log.info(f"exported a Hugging Face model to {settings.export_dir}")
+        collectives.barrier("bert.exported")  # Horovod: the other ranks wait here, inside the phase
+    run.finish(results)
+    run.log.info(f"finished at step {state.step}: {rate_text(results['sequences_per_sec'], 'sequences')}, "
+                 f"{rate_text(results['tokens_per_sec'], 'tokens', 0)} on {ctx.size} rank(s)")
 
 
 if __name__ == "__main__":

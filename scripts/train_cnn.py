@@ -11,8 +11,6 @@ so N workers with batch b train like one worker with batch N*b. Checkpoints hold
 everything needed to continue at the exact next batch (see --resume).
 """
 import argparse
-import itertools
-import time
 
 from hvdtrain import cli, options
 
@@ -77,21 +75,25 @@ if __name__ == "__main__":
     cli.run_main(parse_args)
 
 # The training's imports, after the early parse above.
+import time
+
 import torch
 import horovod.torch as hvd
 
 from hvdtrain.data import images
+from hvdtrain.durations import SectionTimer
 from hvdtrain.errors import UsageError
-from hvdtrain.runtime import collectives, consistency, dist, elastic, horovod_profile, precision, rng, signals
+from hvdtrain.runtime import collectives, consistency, dist, elastic, nonfinite, precision, rng, signals
 from hvdtrain.runtime.checkpoint import Checkpointer
-from hvdtrain.runtime.metrics import SumMeter, rate_text, total_throughput
+from hvdtrain.runtime.metrics import EpochSums, SumMeter, Throughput, rate_text
 from hvdtrain.runtime.run import Run
-from hvdtrain.training import balance, batchnorm, cnn
+from hvdtrain.training import balance, batchnorm, cnn, epochs
 from hvdtrain.training.cnn import CnnSettings
+from hvdtrain.training.epochs import EpochPlan
 
 
 def load_data(args, ctx, workers):
-    """(train set, val set, classes, channels); run under agree_on_errors."""
+    """(train set, val set, classes, channels); run under collectives.agree_on_errors."""
     with ctx.watchdog.phase("scanning and verifying the images"):
         data = images.load(args.dataset, args.data, args.image_size, args.seed, args.synthetic_samples,
                            verify_share=(ctx.rank, ctx.size) if args.verify_images else None,
@@ -115,183 +117,148 @@ def main():
     args = parse_args()
     dist.exit_quietly_on_interrupt()
     stop_request = signals.StopRequest()
-    dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
-    profile = horovod_profile.apply(args)  # Horovod's variables from benchmark.py tune, before hvd.init()
-    # Horovod: hvd.init(), this rank's device, the node's cores shared by its ranks
-    ctx = dist.init(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
+    profile = dist.configure_horovod(args)  # the variables hvd.init() reads: diagnostics, a tuned profile
+    # Horovod: initialize Horovod
+    hvd.init()
+    # Horovod: this rank's GPU (one per process), its share of the node's cores, its watchdog and heartbeat
+    ctx = dist.setup(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
     if profile:
         ctx.print0(profile)
-    # Horovod: a check that fails on one rank stops every rank with the same one line
-    agree = lambda check, *a: elastic.agree_before_start(args.elastic, check, *a)  # noqa: E731
+    # Horovod: a check that fails on one rank stops every rank with the same one line (--elastic: each
+    # rank checks alone, since a worker joining a running job may make no collective before its sync)
+    agree = collectives.agreement(alone=args.elastic)
     resolved = agree(cnn.check_args, args, ctx)
     rng.seed_everything(args.seed)
     train_set, val_set, num_classes, channels = agree(load_data, args, ctx, resolved["workers"])
-    # Horovod: the global batch grows with the workers, so does the LR (cnn.used_lr)
     settings = CnnSettings.build(args, **resolved, world_size="elastic" if args.elastic else ctx.size,
-                                 scaled_lr=cnn.used_lr(args, ctx), train_samples=len(train_set),
-                                 num_classes=num_classes)
-    if not settings.elastic:  # a worker joining an elastic job may make no collective before its sync
+                                 train_samples=len(train_set), num_classes=num_classes)
+    if not settings.elastic:
         # Horovod: the same job on every rank (settings and data), or one line naming the difference
         consistency.check_ranks_agree(settings, cnn.data_facts(settings, train_set, val_set))
 
     model = cnn.build_model(settings, ctx, num_classes, channels)
+    batching = cnn.batching(settings, ctx)  # Horovod: the global batch grows with the workers, so does the LR
     # Horovod: gradients are averaged by allreduce during backward, every `accumulation_steps`
     # backward passes (or combined by Adasum; with --balance or --global-batch ranks hold
     # unequal shares: summed, each loss a share of the global batch, see Trainer.loss_scale);
     # fp16 compression on request.
     summed = settings.balance or bool(settings.global_batch)
     optimizer = hvd.DistributedOptimizer(
-        cnn.build_optimizer(settings, model), named_parameters=model.named_parameters(),
+        cnn.build_optimizer(settings, model, batching.lr), named_parameters=model.named_parameters(),
         compression=dist.gradient_compression(settings.fp16_allreduce),
         backward_passes_per_step=settings.accumulation_steps,
         op=hvd.Adasum if settings.use_adasum else hvd.Sum if summed else hvd.Average,
         gradient_predivide_factor=settings.gradient_predivide_factor)
-    # --elastic, --global-batch: the LR schedule counts samples, whose number per epoch no world size changes.
-    steps_per_epoch = cnn.steps_per_epoch(settings, ctx.size, len(train_set))
-    scheduler = cnn.build_schedule(settings, optimizer, len(train_set) if settings.global_position else steps_per_epoch)
+    scheduler = cnn.build_schedule(settings, optimizer, epochs.schedule_length(settings, batching, len(train_set)))
+    state = cnn.CnnState()
+    timer = SectionTimer()  # this rank's time in data, compute, comm and optimizer: the straggler report's
     trainer = cnn.Trainer(model, optimizer, scheduler, precision.scaler(settings.precision, ctx.device),
                           torch.nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing), ctx.device,
                           settings.precision, settings.channels_last, settings.accumulation_steps, settings.use_adasum,
-                          sum_over=ctx.size * settings.step_batch if settings.balance else settings.global_batch)
+                          guard=nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state, say=ctx.print0),
+                          timer=timer, sum_over=batching.global_batch if summed else None)
 
-    meter = SumMeter("train_loss", "train_top1")
-    state, components = cnn.CnnState(), trainer.components()
-    # --elastic, --global-batch: the epoch's position in samples; folds the meter's sums at every save
-    position = elastic.ElasticPosition(meter) if settings.global_position else None
-    if position is not None:
-        components["elastic_position"] = position
+    # The epoch's training sums over every rank (--elastic, --global-batch: folded in at every save).
+    sums = EpochSums(SumMeter("train_loss", "train_top1"), folded=settings.global_position)
     shares = balance.Shares(ctx.size, settings.step_batch, settings.accumulation_steps) if settings.balance else None
-    if shares is not None:
-        components["balance"] = shares
     # What a checkpoint holds: the same on every rank, then each rank's own (its RNG, its metric
     # sums, its BatchNorm statistics: their average is what the model holds).
-    checkpointer = Checkpointer(ctx, settings.output_dir, keep=settings.keep_checkpoints,
-                                write_mode=settings.checkpoint_write,
-                                shared={**components, "train_state": state},
-                                per_rank={"rng": rng.RngState(settings.seed), "meter": meter,
-                                          "batchnorm": batchnorm.RankStatistics(trainer.model)})
-    run = Run(ctx, settings, state, checkpointer, settings.epochs * steps_per_epoch, stop_request)
-    # Horovod: every rank restores the checkpoint (or train() broadcasts rank 0's weights); under
-    # --elastic inside hvd.elastic.run, which syncs rank 0's state and calls train() again after a reset.
-    run.launch(lambda: train(run, trainer, (train_set, val_set), meter, position, shares))
+    checkpointer = Checkpointer(
+        ctx, settings.output_dir, keep=settings.keep_checkpoints, write_mode=settings.checkpoint_write,
+        shared={"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": trainer.scaler,
+                "epoch_sums": sums, **({"balance": shares} if shares else {}), "train_state": state},
+        per_rank={"rng": rng.RngState(settings.seed), "meter": sums.meter, "batchnorm": batchnorm.RankStatistics(model)},
+        upgrade=cnn.upgrade_checkpoint)
+    # Horovod: the run's elastic state, an hvd.elastic.State over the checkpoint's components: under
+    # --elastic committed in memory, restored after a lost worker and synced from rank 0 in a new world
+    commits = elastic.Commits(checkpointer, ctx, settings.elastic_commit_every, enabled=settings.elastic)
+    run = Run(ctx, settings, state, checkpointer, commits, timer, stop_request, shares)
+    # Horovod: under --elastic, hvd.elastic.run calls train() again after every reset
+    train_in_world = hvd.elastic.run(train) if settings.elastic else train
+    train_in_world(commits, run, settings, ctx, state, trainer, (train_set, val_set), sums, shares)
 
 
-def train(run, trainer, datasets, meter, position=None, shares=None):
-    """The epochs left, in the current world; --elastic enters again after every reset."""
-    settings, state, ctx = run.settings, run.state, run.ctx
-    if run.take_fresh_start():
-        # Horovod: every rank starts from rank 0's initial weights (the optimizer state is still empty)
+def train(commits, run, settings, ctx, state, trainer, datasets, sums, shares):
+    """The epochs left, in this world. ``commits``: hvd.elastic.run's state (run.save commits it)."""
+    if run.begin() == "fresh":  # this world; once per job the newest checkpoint restored, if there is one
+        # Horovod: every rank starts from rank 0's initial weights (the optimizer's state is still empty)
         collectives.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
-    if state.epoch >= settings.epochs:
-        return run.already_finished()
-    if run.stop_after_already_reached():
+    if run.nothing_to_train(finished=state.epoch >= settings.epochs):
         return
+    batching = cnn.batching(settings, ctx)  # at this world size: the global batch, the LR
     train_set, val_set = datasets
-    cnn.resume_position(state, settings, run.resized_from or ctx.size)  # a checkpoint from before epoch_samples
-    sampler, train_loader, val_loader = cnn.make_loaders(settings, ctx, train_set, val_set, shares)
-    global_batch = cnn.global_batch(settings, ctx.size)
-    steps_per_epoch = cnn.steps_per_epoch(settings, ctx.size, len(train_set))  # at this world size
-    samples = position.samples if position else state.epoch_samples  # the epoch's, trained
-    if run.resized_from or position is not None:  # the steps left at this world size
-        left = cnn.steps_per_epoch(settings, ctx.size, len(train_set) - samples)
-        run.retarget(state.step + left + (settings.epochs - state.epoch - 1) * steps_per_epoch)
-    if run.resized_from and position is None:  # the LR schedule counts steps: those of this size
-        steps = state.epoch * steps_per_epoch + samples // global_batch
-        elastic.set_schedule_at(trainer.scheduler, steps, cnn.used_lr(settings, ctx))
-    where = f"epoch {state.epoch} sample {samples}"
+    plan = EpochPlan(settings, batching, ctx.rank, state, train_set, val_set, shares, ctx.device.type == "cuda")
+    run.retarget(plan.total_steps)
     run.log.info(f"{settings.model} on {settings.dataset}: {len(train_set)} train / {len(val_set)} val images, "
                  f"{settings.num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
-                 f"{global_batch // ctx.size} = global batch {global_batch}; lr {cnn.used_lr(settings, ctx):g}; "
-                 f"{steps_per_epoch} steps/epoch; device {ctx.device.type}, "
-                 f"{precision.describe(settings.precision, ctx.device.type)}"
-                 + (f"; resuming at {where} (step {state.step})" if state.step else ""))
+                 f"{batching.rank_batch} = global batch {batching.global_batch}; lr {batching.lr:g}; "
+                 f"{plan.steps_per_epoch} steps/epoch; device {ctx.device.type}, "
+                 f"{precision.description(settings.precision, ctx.device.type)}"
+                 + (f"; resuming at epoch {state.epoch} sample {state.epoch_samples} (step {state.step})"
+                    if state.step else ""))
+    images = Throughput()  # this launch's images/s over every epoch, and the epoch's (its first steps left out)
     started = time.perf_counter()
     while state.epoch < settings.epochs:
+        plan.start_epoch()  # from the epoch's sample position, at this world size
         if state.step_in_epoch == 0:
-            run.throughput.start_window()
-        reason = train_epoch(run, trainer, (train_set, sampler, train_loader, val_loader), meter, position, shares)
+            images.start_window()
+        with ctx.watchdog.phase("starting the data loader"):  # worker processes import torch
+            batches = iter(plan.train_loader)
+        reason = None
+        for batch in trainer.timer.timed(batches, "data"):
+            plan.set_learning_rate(trainer.scheduler)  # warmup, then decay: where the samples trained put it
+            # Horovod: forward and backward; the gradients' allreduce starts during the last backward pass
+            samples = trainer.forward_backward(batch, sums.meter)
+            # Horovod: wait for the averaged gradients, the ranks' NaN/Inf vote (an allreduce), step
+            trainer.step()
+            plan.advance()
+            images.step(samples)
+            # Horovod: every --stop-check-every steps the stop vote (an allreduce), every
+            # --straggler-interval steps the timings' allgather
+            reason = run.step_done()
+            if reason or plan.epoch_done or plan.must_restart:  # must_restart: --balance's new shares
+                break
+            run.save()  # Horovod: a checkpoint's collectives and --elastic's commit, when one is due
+        epoch_end = plan.epoch_done  # its last step trained (or none was left: the world grew just before)
+        is_best = False
+        if epoch_end:
+            # Horovod: the rates', BatchNorm statistics', train and validation sums' allreduces
+            row, is_best = end_epoch(trainer, plan.val_loader, sums, state, ctx, images.window_rates(ctx.size))
+            run.log.record(row, state.step)  # before the checkpoint: a crash in between repeats the row once
+            run.log.info(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+        # Horovod: a checkpoint's collectives and --elastic's commit, when one is due (every epoch's end,
+        # a stop, the schedule's end: Run.save)
+        run.save(epoch_end=epoch_end, is_best=is_best, last=state.epoch == settings.epochs, stopping=reason is not None)
         if reason:
-            return run.stop(reason, cnn.results(run, time.perf_counter() - started))
-    path = run.write_results({**cnn.results(run, time.perf_counter() - started), "completed": True})
+            # Horovod: this launch's images/s over every rank, an allreduce
+            rates = images.launch_rates(ctx.size)
+            return run.stop(reason, cnn.results(state, settings, batching, rates, time.perf_counter() - started))
+    rates = images.launch_rates(ctx.size)  # Horovod: this launch's images/s over every rank, an allreduce
+    path = run.finish(cnn.results(state, settings, batching, rates, time.perf_counter() - started))
     row = state.last_row
     run.log.info(f"val_top1 {row['val_top1']:.4f} val_top5 {row['val_top5']:.4f} "
-                 f"{rate_text(run.rates()[0], 'images')}; results in {path}")
+                 f"{rate_text(rates[0], 'images')}; results in {path}")
 
 
-def train_epoch(run, trainer, data, meter, position=None, shares=None):
-    """Train the rest of the current epoch, evaluate at its end; returns why this launch must stop, or None.
+def end_epoch(trainer, val_loader, sums, state, ctx, rates):
+    """Evaluate the model the checkpoint saves; (the epoch's row, whether it is the best so far: best.pt).
 
-    The epoch goes on from its sample position at the current world size (a prefix of its
-    order is trained, sampling.ShardedSampler). --elastic, --global-batch (``position``): the
-    steps and the LR follow the samples trained. --balance (``shares``): returns early when the
-    shares change; the epoch goes on from the next step with the new split.
+    ``rates``: the epoch's images/s over every rank, per rank, and its seconds (Throughput.window_rates).
     """
-    settings, state = run.settings, run.state
-    train_set, sampler, loader, val_loader = data
-    train_set.set_epoch(state.epoch)  # the augmentation key; workers copy it at iter()
-    sampler.set_epoch(state.epoch, position.samples if position else state.epoch_samples)
-    global_batch, steps_left = cnn.global_batch(settings, run.ctx.size), sampler.steps_left
-    if not steps_left:
-        # The world grew just before the epoch's end: what is left is less than one step.
-        # Horovod: the epoch's end as after its last step (end_epoch's allreduces, then after_step's)
-        is_best = end_epoch(run, trainer, val_loader, meter, position)
-        run.checkpoints.after_step(epoch_end=True, is_best=is_best, last=state.epoch == settings.epochs)
-        return None
-    with run.ctx.watchdog.phase("starting the data loader"):  # worker processes import torch
-        batches = iter(loader)
-    step_bounds = sampler.steps if position else itertools.repeat(None)  # position: (start, stop) samples
-    peak_lr = cnn.used_lr(settings, run.ctx)  # for the current world size
-    timer = run.stragglers.timer  # this rank's time in data, compute, comm, optimizer
-    for taken, (bounds, batch) in enumerate(zip(step_bounds, timer.timed(batches, "data")), start=1):
-        if position:
-            elastic.set_schedule_at(trainer.scheduler, state.epoch * len(train_set) + position.samples, peak_lr)
-        # Horovod: the gradient allreduce (started in backward, awaited in optim.finish_step),
-        # then the ranks' NaN/Inf vote, one allreduce (NonFiniteGuard.skip_step)
-        samples = trainer.train_step(batch, meter, run.nonfinite, timer)
-        if position:
-            position.samples = bounds[1]
-        else:
-            state.epoch_samples += global_batch
-        # Horovod: every --stop-check-every steps the stop-signal allgather, every
-        # --straggler-interval steps the timings' allgather (Run.step_done)
-        reason = run.step_done(samples)
-        rebalanced = run.rebalance(shares, "samples")  # --balance: new shares, saved below
-        epoch_end = taken == steps_left
-        # Horovod: at the epoch's end, the rates', metrics' and BatchNorm statistics' allreduces (end_epoch)
-        is_best = end_epoch(run, trainer, val_loader, meter, position) if epoch_end else False
-        # Horovod: when one is due, the checkpoint's collectives and --elastic's commit
-        # (CheckpointManager.after_step lists them): every --checkpoint-every and
-        # --elastic-commit-every steps, at the epoch's end, before a stop
-        run.checkpoints.after_step(epoch_end=epoch_end, is_best=is_best, stopping=reason is not None,
-                                   last=state.epoch == settings.epochs)
-        if reason or epoch_end or rebalanced:  # rebalanced: a new split, so a new sampler
-            return reason
-    return None
-
-
-def end_epoch(run, trainer, val_loader, meter, position=None):
-    """Evaluate and append the epoch's row; True when it is the best so far (best.pt)."""
-    state = run.state
-    total_rate, per_worker = total_throughput(run.throughput.window_rate())  # Horovod: allreduce of the rates
     # Horovod: grouped_allreduce of the BatchNorm statistics: what is evaluated is what is saved
     batchnorm.average_statistics(trainer.model)
     # Horovod: metrics are allreduced sums and counts, exact over every rank's samples
-    train_metrics = meter.reduce("train") if position is None else position.epoch_metrics(run.ctx.size)
-    with run.ctx.watchdog.phase("evaluating"):  # a long validation set is no hang
+    train_metrics = sums.epoch_metrics(ctx.size)
+    with ctx.watchdog.phase("evaluating"):  # a long validation set is no hang
         evaluation = trainer.evaluate(val_loader)  # Horovod: allreduce of the validation sums
-    row = {"epoch": state.epoch + 1, "step": state.step, "lr": trainer.last_lr, **train_metrics,
-           **evaluation, "images_per_sec": total_rate,
-           "images_per_sec_per_worker": per_worker,
-           "epoch_seconds": run.throughput.window_all[1]}
-    meter.reset()
+    total_rate, per_worker, seconds = rates
+    row = {"epoch": state.epoch + 1, "step": state.step, "lr": trainer.last_lr, **train_metrics, **evaluation,
+           "images_per_sec": total_rate, "images_per_sec_per_worker": per_worker, "epoch_seconds": seconds}
+    sums.next_epoch()
     state.next_epoch()
-    if position is not None:
-        position.next_epoch()
     is_best = row["val_top1"] > state.best_top1
     state.best_top1, state.last_row = max(state.best_top1, row["val_top1"]), row
-    run.log.record(row, state.step)  # before the checkpoint: a crash in between repeats the row once
-    run.log.info(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
-    return is_best
+    return row, is_best
 
 
 if __name__ == "__main__":

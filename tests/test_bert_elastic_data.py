@@ -40,7 +40,7 @@ def test_a_resized_epoch_trains_every_instance_once_one_bin_a_step(tmp_path, mon
                 micro = [rank.batch(in_epoch, m) for m in range(2)]
                 assert all(len(batch["input_ids"]) >= 1 for batch in micro)
                 lengths |= {batch["input_ids"].shape[1] for batch in micro}
-                rank.step_done(step + 1)
+                rank.advance(step + 1)
             assert len(lengths) == 1, lengths  # one bin a step, on every rank
             step, in_epoch = step + 1, in_epoch + 1
         position = ranks[0].position

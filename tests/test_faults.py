@@ -214,12 +214,12 @@ def test_a_peer_failure_and_an_own_error_read_as_one_line():
     try:
         raise RuntimeError("bad shard\nmore detail")
     except RuntimeError as error:
-        line = failures.describe(error, "rank 1")
+        line = failures.failure_line(error, "rank 1")
     assert line.startswith("rank 1: error: RuntimeError") and "bad shard" in line and "\n" not in line
     assert "test_faults.py" in line  # where it was raised
     peer = type("HorovodInternalError", (RuntimeError,), {})("Horovod has been shut down. This was caused by")
-    assert failures.describe(peer, "rank 0").startswith(
-        "rank 0: error: a collective failed") and "another rank died" in failures.describe(peer, "rank 0")
+    assert failures.failure_line(peer, "rank 0").startswith(
+        "rank 0: error: a collective failed") and "another rank died" in failures.failure_line(peer, "rank 0")
 
 
 def test_a_bad_watchdog_setting_is_one_line_exit_2(need_horovod):

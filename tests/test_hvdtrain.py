@@ -11,7 +11,7 @@ import torch
 from torch.utils import _pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hvdtrain.runtime import checkpoint, dist, metrics, rng, runlog
+from hvdtrain.runtime import checkpoint_files, dist, metrics, rng, runlog
 from hvdtrain import cli
 from hvdtrain.training import optim
 from hvdtrain.errors import UsageError
@@ -74,11 +74,11 @@ def test_assign_rows_gives_every_row_to_one_rank_in_equal_shares():
 
 def test_pruning_keeps_the_checkpoint_just_written(tmp_path):
     for step in (1, 2, 3, 9):
-        checkpoint.atomic_save({"w": torch.full((2,), float(step))}, checkpoint.checkpoint_path(tmp_path, step))
-    just_written = checkpoint.checkpoint_path(tmp_path, 4)  # after a resume from step 3
-    checkpoint.atomic_save({"w": torch.zeros(2)}, just_written)
-    checkpoint.prune(tmp_path, keep=2, just_written=just_written)
-    assert [p.name for p in checkpoint.checkpoint_paths(tmp_path)] == [checkpoint_name(9), checkpoint_name(4)]
+        checkpoint_files.atomic_save({"w": torch.full((2,), float(step))}, checkpoint_files.checkpoint_path(tmp_path, step))
+    just_written = checkpoint_files.checkpoint_path(tmp_path, 4)  # after a resume from step 3
+    checkpoint_files.atomic_save({"w": torch.zeros(2)}, just_written)
+    checkpoint_files.prune(tmp_path, keep=2, just_written=just_written)
+    assert [p.name for p in checkpoint_files.checkpoint_paths(tmp_path)] == [checkpoint_name(9), checkpoint_name(4)]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp file left behind"
 
 
@@ -117,9 +117,9 @@ def test_rng_state_survives_a_weights_only_checkpoint(tmp_path):
     rng.seed_everything(5)
     state = rng.get_state()
     expected = (torch.rand(3), np.random.rand(3), random.random())
-    checkpoint.atomic_save({"rng": state}, tmp_path / "rng.pt")
+    checkpoint_files.atomic_save({"rng": state}, tmp_path / "rng.pt")
     rng.seed_everything(99)
-    rng.set_state(checkpoint.load(tmp_path / "rng.pt")["rng"])
+    rng.set_state(checkpoint_files.load(tmp_path / "rng.pt")["rng"])
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(expected[0], again[0])
     assert np.array_equal(expected[1], again[1]) and expected[2] == again[2]
@@ -399,7 +399,7 @@ def test_the_checkpoint_manager_saves_at_its_cadence_and_commits_only_while_the_
 
 
 def test_the_background_writer_keeps_one_write_in_flight_and_reports_its_failure_once(capsys):
-    from hvdtrain.runtime.checkpoint import BackgroundWriter
+    from hvdtrain.runtime.checkpoint_writer import BackgroundWriter
     writer, order = BackgroundWriter(), []
     writer.start(lambda: order.append("first"), "step-1.pt")
     writer.wait()  # the next write starts only once the first is done

@@ -34,7 +34,7 @@ def test_auto_on_cpu_takes_bf16_only_where_the_cpu_has_it(flags, name, reason):
     chosen = precision.resolve("auto", "cpu", flags=flags)
     assert (chosen.name, chosen.reason) == (name, reason)
     assert chosen.dtype == (torch.bfloat16 if name == "bf16" else None) and not chosen.scaler
-    assert chosen.describe() == f"precision {name} ({reason})"
+    assert chosen.line() == f"precision {name} ({reason})"
 
 
 def test_auto_on_cuda_is_each_trainers_own():
@@ -79,7 +79,7 @@ def test_auto_on_this_machine_follows_its_cpuinfo():
     unit = this_cpu_has_native_bf16()
     chosen = precision.resolve("auto", "cpu")
     assert chosen.name == ("bf16" if unit else "fp32"), (unit, chosen)
-    assert precision.describe(chosen.name, "cpu") == chosen.describe()  # the run's first line says why
+    assert precision.description(chosen.name, "cpu") == chosen.line()  # the run's first line says why
 
 
 def test_amp_flags_are_spellings_of_fp16_and_fp32():
@@ -118,7 +118,7 @@ def test_bf16_cnn_trains_on_cpu_with_two_ranks(tmp_path):
     run = horovodrun(2, [CNN, "--cpu", "--precision", "bf16", "--model", "convnet", "--epochs", "3", "--warmup-epochs", "0.2",
                          "--no-resume", "--output-dir", out], timeout=420)
     ok(run)
-    expected = precision.resolve("bf16", "cpu").describe()  # native or emulated, as this CPU is
+    expected = precision.resolve("bf16", "cpu").line()  # native or emulated, as this CPU is
     assert first_line(run).endswith(f"device cpu, {expected}"), run.describe()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [row["train_loss"] for row in rows]
@@ -144,9 +144,9 @@ def test_bert_auto_says_what_it_chose_and_bf16_trains_on_cpu(tmp_path):
     quick = ["--data", data, "--model", "tiny", "--batch-size", "8", "--log-every", "5", "--checkpoint-every", "0",
              "--no-resume", "--cpu"]
     auto = ok(python([PRETRAIN, *quick, "--steps", "1", "--output-dir", tmp_path / "auto"], timeout=180))
-    assert f", lamb, {precision.resolve('auto', 'cpu', flags=None).describe()}" in auto.output, auto.describe()
+    assert f", lamb, {precision.resolve('auto', 'cpu', flags=None).line()}" in auto.output, auto.describe()
     run = ok(python([PRETRAIN, *quick, "--precision", "bf16", "--steps", "30", "--lr", "1e-2",
                      "--output-dir", tmp_path / "bf16"], timeout=300))
-    assert f", lamb, {precision.resolve('bf16', 'cpu').describe()}" in run.output, run.describe()
+    assert f", lamb, {precision.resolve('bf16', 'cpu').line()}" in run.output, run.describe()
     summary = json.loads((tmp_path / "bf16" / "results.json").read_text())
     assert summary["final_mlm_loss"] < summary["initial_mlm_loss"] - 0.5, summary

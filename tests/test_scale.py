@@ -92,7 +92,7 @@ def test_nodes_are_told_apart_by_more_than_their_host_names(need_horovod):
     rank_0 = peers.Peers(0, hosts, listeners={}, nodes=nodes)
     assert rank_0.deputy == 2
     rank_0.senders = {1: ("127.0.0.1", 40000), 2: ("10.0.0.2", 40001), 3: ("10.0.0.2", 40002)}
-    assert rank_0.describe([2, 3]) == "ranks 2-3 (all 2 on the node at 10.0.0.2, one of 2 named a)"
-    assert rank_0.describe([1]) == "rank 1 (1 of 2 on rank 0's own node, one of 2 named a)"
+    assert rank_0.ranks_by_node([2, 3]) == "ranks 2-3 (all 2 on the node at 10.0.0.2, one of 2 named a)"
+    assert rank_0.ranks_by_node([1]) == "rank 1 (1 of 2 on rank 0's own node, one of 2 named a)"
     boot_id = open("/proc/sys/kernel/random/boot_id").read().strip()
     assert peers.this_node().startswith(f"{boot_id}/")  # then this process's network namespace

@@ -30,7 +30,7 @@ def test_default_data_reaches_95_percent(tmp_path):
     out = tmp_path / "demo"
     run = train(2, ["--no-resume"], out, timeout=420)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # --precision auto: what this machine runs natively
-    assert f"device {device}, {precision.resolve('auto', device, cuda_auto='fp16').describe()}" in run.output
+    assert f"device {device}, {precision.resolve('auto', device, cuda_auto='fp16').line()}" in run.output
     results = json.loads((out / "results.json").read_text())
     assert results["val_top1"] >= 0.95, results
     assert results["world_size"] == 2 and results["dataset"] == "digits"

@@ -4,7 +4,7 @@
     python tools/measure_checkpoint_stall.py --model resnet50 --batch-size 8
 
 The trainers' own step (benchmark.py's workloads: train_cnn.py's or pretrain_bert.py's
-``Trainer.train_step`` on synthetic data) and their own ``Checkpointer`` (model and
+``Trainer.forward_backward`` and ``step`` on synthetic data) and their own ``Checkpointer`` (model and
 optimizer as shared components, one rank), every ``--every`` steps a checkpoint, in
 one process per mode so that each mode's peak RSS is its own. Measured per mode:
 the plain step, the checkpointing step (the step plus ``Checkpointer.write``; async:

@@ -72,24 +72,6 @@ def fraction(text):
     return value
 
 
-def agree_on_errors(allgather, check, *args, **kwargs):
-    """Run ``check`` on every rank; if any rank raised UsageError, all ranks raise it.
-
-    Without this, a rank that finds bad input exits while the others wait in
-    their next collective; here every rank leaves with the same one-line error.
-    ``allgather(obj)`` returns every rank's ``obj`` (Horovod's or mpi4py's).
-    """
-    message, result = None, None
-    try:
-        result = check(*args, **kwargs)
-    except UsageError as error:
-        message = str(error)
-    first = next((m for m in allgather(message) if m is not None), None)
-    if first is not None:
-        raise UsageError(first, on_every_rank=True)
-    return result
-
-
 def whole_line_output():
     """Make stdout and stderr write each line in one write.
 

@@ -49,6 +49,35 @@ class UsageError(Exception):
         self.on_every_rank = on_every_rank
 
 
+class Agreement:
+    """A check run on every rank whose UsageError, raised on any rank, every rank raises.
+
+    Without it a rank that finds bad input exits while the others wait in their next
+    collective; with it every rank leaves with the same one line. ``allgather(verdict)``
+    returns every rank's verdict (None or the error's message): Horovod's
+    (``runtime.collectives.agree_on_errors``) or mpi4py's (``launch.mpi_world.World``).
+    Without one (``runtime.collectives.ALONE``: an --elastic worker's start checks, which
+    must make no collective) the check runs on this rank alone and its error is its own.
+    """
+
+    def __init__(self, allgather=None):
+        self.allgather = allgather
+
+    def __call__(self, check, *args, **kwargs):
+        """``check(*args, **kwargs)``'s result on every rank, or the first rank's UsageError on all."""
+        if self.allgather is None:
+            return check(*args, **kwargs)
+        message, result = None, None
+        try:
+            result = check(*args, **kwargs)
+        except UsageError as error:
+            message = str(error)
+        first = next((m for m in self.allgather(message) if m is not None), None)
+        if first is not None:
+            raise UsageError(first, on_every_rank=True)
+        return result
+
+
 def launcher_rank():
     """This process's rank as the launcher announced it (0 when launched alone)."""
     for name in LAUNCHER_RANK_VARS:

@@ -1,10 +1,10 @@
 """Test-only hooks: the one seam through which the suite and the fault matrix reach into a run.
 
 Production code calls these functions at fixed points; each does nothing unless its
-variable is set in the launch's environment. ``check_environment`` (dist.init) reads
+variable is set in the launch's environment. ``check_environment`` (dist.configure, before hvd.init) reads
 them all at start, so a bad value is one line and exit 2 on every rank before step 1.
 
-    HVDTRAIN_FAULT="rank=1,step=20,kind=stop"   step_done, phase_entered, checkpoint_writing
+    HVDTRAIN_FAULT="rank=1,step=20,kind=stop"   after_step, phase_entered, checkpoint_writing
     HVDTRAIN_INJECT_NONFINITE="rank=1,steps=5,6" loss_computed: rank 1's loss NaN at steps 5, 6
     HVDTRAIN_RECORD_INSTANCES=FILE               instances_trained: one line per BERT --elastic step and rank
 
@@ -108,8 +108,8 @@ def check_environment():
         _planned(name)
 
 
-def step_done(rank, step):
-    """After every training step (Run.step_done): the fault planned there."""
+def after_step(rank, step):
+    """After every training step (the watchdog's ``step``, from Run.step_done): the fault planned there."""
     fault = _planned(FAULT_ENV)
     if fault and not fault.phase:
         _inject(fault, rank, step)

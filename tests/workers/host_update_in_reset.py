@@ -14,17 +14,17 @@ import horovod.torch as hvd
 from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.runner.elastic.worker import HostUpdateResult
 
-from hvdtrain.runtime.checkpoint import BackgroundWriter
+from hvdtrain.runtime.checkpoint_writer import BackgroundWriter
 from hvdtrain.runtime.elastic import Commits
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.liveness.watchdog import Watchdog
 
 
 def commits():
-    """Commits of one component, built from its parts: a checkpointer, a context, a world to follow."""
+    """Commits of one component, built from its parts: a checkpointer and a context."""
     ctx = SimpleNamespace(print0=print, watchdog=Watchdog(0, watch=False))
     checkpointer = SimpleNamespace(shared={"train_state": TrainState()}, per_rank={}, writer=BackgroundWriter())
-    return Commits(checkpointer, ctx, 1, start=None, adopt_new_world=lambda started: None)
+    return Commits(checkpointer, ctx, 1)
 
 
 def next_commit_check(commits):

@@ -1,8 +1,8 @@
 """The training steps benchmark.py times: the trainers' own, on synthetic data.
 
 ``build(args, backend)`` returns a workload whose ``step()`` runs one optimizer
-step of train_cnn.py or pretrain_bert.py (``training.cnn.Trainer.train_step``,
-``training.bert.Trainer.train_step``) and returns its loss; ``samples`` and ``unit`` say what a step
+step of train_cnn.py or pretrain_bert.py (``training.cnn.Trainer``'s and
+``training.bert.Trainer``'s ``forward_backward`` and ``step``) and returns its loss; ``samples`` and ``unit`` say what a step
 processes. The backend (backends.HorovodBackend, DdpBackend, SingleBackend) wraps
 the model and optimizer, so one workload runs under all three.
 """
@@ -43,21 +43,21 @@ class CnnWorkload:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         module, optimizer = backend.wrap(model, list(model.named_parameters()), optimizer)
         self.precision = precision_of(args, backend.device, "fp16")
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         scaler = precisions.scaler(self.precision, backend.device)
-        self.trainer = cnn.Trainer(torch.compile(module) if args.compile else module, optimizer, scheduler, scaler,
+        self.timer = SectionTimer()  # the step's parts, as the trainers time them (durations.py)
+        self.trainer = cnn.Trainer(torch.compile(module) if args.compile else module, optimizer, scaler,
                                    nn.CrossEntropyLoss(), backend.device, self.precision, args.channels_last,
-                                   args.accumulation_steps, adasum=False)
+                                   args.accumulation_steps, adasum=False, timer=self.timer)
         generator = torch.Generator().manual_seed(args.seed * 1000 + backend.rank)
         samples = args.batch_size * args.accumulation_steps
         self.images = torch.randn(samples, 3, size, size, generator=generator)
         self.targets = torch.randint(0, classes, (samples,), generator=generator)
         self.samples, self.unit = samples, "images"
-        self.timer = SectionTimer()  # the step's parts, as the trainers time them (durations.py)
 
     def step(self):
         meter = SumMeter("train_loss", "train_top1")
-        self.trainer.train_step((self.images, self.targets), meter, timer=self.timer)
+        self.trainer.forward_backward((self.images, self.targets), meter)  # the trainer's own step
+        self.trainer.step()
         return meter.sums["train_loss"] / meter.counts["train_loss"]
 
 
@@ -73,17 +73,19 @@ class BertWorkload:
                                             list(model.named_parameters()), optimizer)
         self.precision = precision_of(args, backend.device, "bf16")
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        self.timer = SectionTimer()
         self.trainer = bert_training.Trainer(
             model, objective, optimizer, scheduler, precisions.scaler(self.precision, backend.device),
-            backend.device, precisions.DTYPES[self.precision], args.accumulation_steps, max_grad_norm=1.0)
+            backend.device, precisions.DTYPES[self.precision], args.accumulation_steps, max_grad_norm=1.0,
+            timer=self.timer)
         self.data = SyntheticSequences(args, backend.rank)
         self.samples, self.unit = args.batch_size * args.accumulation_steps, "sequences"
-        self.timer = SectionTimer()
 
     def step(self):
         meter = SumMeter("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
         micro_batches = (self.data.batch(0, micro) for micro in range(self.trainer.passes))
-        self.trainer.train_step(micro_batches, meter, timer=self.timer)
+        self.trainer.forward_backward(micro_batches, meter)  # the trainer's own step
+        self.trainer.step()
         return meter.sums["mlm_loss"] / max(1, meter.counts["mlm_loss"])
 
 

@@ -319,6 +319,9 @@ class PretrainingData:
             stream = self.streams[b]
             stream.piece(stream.piece_at(k * self.accumulation * self.micro_batch))
 
+    def advance(self, global_step):
+        """The step trained: nothing to record (a rank's share of the epoch is a function of the step)."""
+
     def _load(self, entry, start, stop):
         return load_rows(self.directory, entry, start, stop, self.names, self.metadata)
 

@@ -48,12 +48,12 @@ class BinPosition:
             return self.steps, self.taken
         return 0, [0] * bins
 
-    def describe(self, totals):
+    def where(self, totals):
         return f"epoch {self.epoch} goes on from instance {sum(self.taken)} of {sum(totals)}"
 
 
 class ElasticPretrainingData(PretrainingData):
-    """``PretrainingData``'s interface over the global order; ``step_done()`` after each step."""
+    """``PretrainingData``'s interface over the global order; ``advance()`` after each step."""
 
     def __init__(self, directory, metadata, rank, size, seed, micro_batch, accumulation, position,
                  mlm_probability=0.15, binned=False, reading=contextlib.nullcontext, global_batch=None, shares=None):
@@ -79,7 +79,7 @@ class ElasticPretrainingData(PretrainingData):
 
     def resumed_mid_epoch(self, epoch):
         """A line saying where the epoch goes on, or None at its start."""
-        return self.position.describe(self.totals) if self.position.at(epoch, len(self.bins))[0] else None
+        return self.position.where(self.totals) if self.position.at(epoch, len(self.bins))[0] else None
 
     def start_epoch(self, epoch, step=0):
         """Plan ``epoch`` from the position and read the piece of this rank's next rows."""
@@ -125,7 +125,7 @@ class ElasticPretrainingData(PretrainingData):
         rng = np.random.default_rng([self.seed, self.epoch, b, first]) if not self.static else None
         return self._tensors(self.streams[b].rows(first, stop - first), b, rng)
 
-    def step_done(self, global_step):
+    def advance(self, global_step):
         """The step trained: its instances join the position (and the test record)."""
         _, b, _, stop, ids = self.plan
         self.position.taken[b], self.position.steps, self.plan = stop, self.position.steps + 1, None

@@ -1,4 +1,11 @@
-"""Data sharding by rank: resumable training sampler, unpadded validation split, shard rows per rank."""
+"""Data sharding by rank: resumable training samplers, unpadded validation split, shard rows per rank.
+
+The three training samplers share one interface, whatever the mode: ``set_epoch(epoch,
+start)`` begins the epoch at its sample ``start`` (of its order, the same on every rank),
+``steps`` lists the global (start, stop) sample bounds of the steps left, and
+``loader_batch_size`` says how a DataLoader takes them (a rank's batch size, or None for a
+sampler that yields each step's indices).
+"""
 import torch
 from torch.utils.data import Sampler
 
@@ -25,11 +32,18 @@ class ShardedSampler(Sampler):
         self.epoch = 0
         self.start = 0
         self.global_batch = size * batch_size
+        self.loader_batch_size = batch_size  # a DataLoader batches the indices it yields
 
     @property
     def steps_left(self):
         """Whole steps from ``start`` to the epoch's end."""
         return (self.num_samples - self.start) // self.global_batch
+
+    @property
+    def steps(self):
+        """[(start, stop)] of the steps left, in samples of the epoch's order."""
+        return [(self.start + k * self.global_batch, self.start + (k + 1) * self.global_batch)
+                for k in range(self.steps_left)]
 
     def set_epoch(self, epoch, start=0):
         """Reseed for ``epoch``; begin at its sample ``start`` (a resume)."""
@@ -62,7 +76,7 @@ class ElasticBatchSampler(Sampler):
     The epoch's order is ShardedSampler's. Each step takes the next
     ``size * batch_size`` samples of it (``global_steps``) and rank r the r-th
     of ``size`` near-equal slices of those, so after a reset the new world goes
-    on from the committed position and every sample of the epoch is trained
+    on from the committed sample and every sample of the epoch is trained
     exactly once, at whatever sizes the epoch ran. Nothing is cut: the last
     step takes what is left, so ranks' batches may differ by one sample.
     Yields each step's list of indices (a DataLoader ``batch_sampler``).
@@ -73,15 +87,16 @@ class ElasticBatchSampler(Sampler):
         self.batch_size, self.seed, self.min_share = batch_size, seed, min_share
         self.global_batch = global_batch or size * batch_size  # fixed: the same at every size
         self.epoch, self.steps = 0, []
+        self.loader_batch_size = None  # yields each step's indices
 
     @property
     def steps_left(self):
         return len(self.steps)
 
-    def set_epoch(self, epoch, position=0):
-        """Reseed for ``epoch``; begin at its global sample ``position``."""
+    def set_epoch(self, epoch, start=0):
+        """Reseed for ``epoch``; begin at its sample ``start``."""
         self.epoch = epoch
-        self.steps = global_steps(position, self.num_samples, self.global_batch, self.size * self.min_share)
+        self.steps = global_steps(start, self.num_samples, self.global_batch, self.size * self.min_share)
 
     def __iter__(self):
         order = epoch_order(self.num_samples, self.seed, self.epoch)
@@ -160,10 +175,17 @@ class BalancedSampler(Sampler):
     def __init__(self, num_samples, rank, shares, seed):
         self.num_samples, self.rank, self.shares, self.seed = num_samples, rank, shares, seed
         self.epoch = self.start = 0
+        self.loader_batch_size = None  # yields each step's indices
 
     @property
     def steps_left(self):
         return (self.num_samples - self.start) // sum(self.shares)
+
+    @property
+    def steps(self):
+        """[(start, stop)] of the steps left, in samples of the epoch's order (the shares change none)."""
+        global_batch = sum(self.shares)
+        return [(self.start + k * global_batch, self.start + (k + 1) * global_batch) for k in range(self.steps_left)]
 
     def set_epoch(self, epoch, start=0):
         self.epoch, self.start = epoch, start

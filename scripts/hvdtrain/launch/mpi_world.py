@@ -7,8 +7,7 @@ mpi4py is imported only when a launcher started several ranks, so a plain
 """
 import os
 
-from hvdtrain.errors import UsageError
-from hvdtrain.cli import agree_on_errors
+from hvdtrain.errors import Agreement, UsageError
 
 # Set by Open MPI's mpirun, MPICH/Intel MPI (PMI) and srun with PMI/PMIx.
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
@@ -36,6 +35,8 @@ class World:
                                  "(run `make setup`, or launch a single process)", on_every_rank=True) from None
             self.comm = MPI.COMM_WORLD
             self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        # A check run on every rank: a UsageError on one is the same one line on all (errors.Agreement).
+        self.agree_on_errors = Agreement(self.allgather)
 
     @property
     def is_main(self):
@@ -61,7 +62,3 @@ class World:
 
     def allgather(self, obj):
         return [obj] if self.comm is None else self.comm.allgather(obj)
-
-    def agree_on_errors(self, check, *args, **kwargs):
-        """Run ``check`` on every rank; a UsageError on any rank is raised on all of them."""
-        return agree_on_errors(self.allgather, check, *args, **kwargs)

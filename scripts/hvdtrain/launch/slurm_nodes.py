@@ -31,14 +31,14 @@ def slurm_hosts(env, default_slots):
     except SlurmUnavailable as problem:
         return state.fall_back(allocation, f"cannot ask Slurm for the node states ({problem})")
     if not kept:
-        return state.fall_back(allocation, f"Slurm calls every node unusable ({describe(left_out)})")
-    state.say(f"leaving out {describe(left_out)}" if left_out else
+        return state.fall_back(allocation, f"Slurm calls every node unusable ({left_out_text(left_out)})")
+    state.say(f"leaving out {left_out_text(left_out)}" if left_out else
               "every node of the allocation usable again" if state.said else "")
     state.keep(kept)
     return kept
 
 
-def describe(left_out):
+def left_out_text(left_out):
     return ", ".join(f"{name} ({reason})" for name, reason in left_out.items())
 
 

@@ -44,7 +44,7 @@ def set_peer_witness(witness):
     _witness = witness
 
 
-def describe(error, who, detail=""):
+def failure_line(error, who, detail=""):
     """One line: who ("rank 1", or the script when launched alone), and what ended it."""
     # Horovod's messages run on for several sentences: the first says what happened.
     first_line = (str(error).strip().splitlines() or [""])[0].split(". ")[0][:200]
@@ -67,7 +67,7 @@ def report(error):
     witness = _witness if is_peer_failure(error) else None
     detail = witness.on_peer_failure() if witness else ""
     if detail is not None:
-        print(describe(error, who, detail), file=sys.stderr, flush=True)
+        print(failure_line(error, who, detail), file=sys.stderr, flush=True)
         if witness:
             witness.announce_reported()
     # A normal exit (atexit: the run lock, Horovod's shutdown), unless the shutdown

@@ -40,8 +40,6 @@ import threading
 import time
 from pathlib import Path
 
-import horovod.torch as hvd
-
 from hvdtrain.liveness import teardown
 
 BEAT_SECONDS = 2.0
@@ -122,10 +120,10 @@ class Peers:
         silent = self.silent_ranks()
         if not silent:
             return ""
-        return (f"not heard from {self.describe(silent)} for {min(silent.values()):.0f} s: "
+        return (f"not heard from {self.ranks_by_node(silent)} for {min(silent.values()):.0f} s: "
                 "frozen, dead or cut off from the network")
 
-    def describe(self, ranks):
+    def ranks_by_node(self, ranks):
         """"ranks 12-15 (all 4 on node-d), rank 17 (1 of 4 on node-e)": who, grouped by node."""
         by_node = {}
         for rank in sorted(ranks):
@@ -179,7 +177,7 @@ class Peers:
         silent = self.silent_ranks(LOST_AFTER_SECONDS)
         if silent:  # a lost node, as after the watchdog's line: its launcher may never end the job
             teardown.end_a_stuck_launcher()
-        return f"lost {self.describe(silent)}" if silent else ""
+        return f"lost {self.ranks_by_node(silent)}" if silent else ""
 
     def announce_reported(self):
         """A listener, having printed the job's line: tell every rank, so that none adds its own.
@@ -272,11 +270,12 @@ def shared_names(hosts, nodes):
     return {host: len(named) for host, named in nodes_named.items() if len(named) > 1}
 
 
-def start(rank, hosts, nodes, step=lambda: None):
+def start(rank, hosts, nodes, step, broadcast):
     """Every rank's heartbeat; collective (the listeners' addresses out).
 
-    ``hosts``, ``nodes``: every rank's, in rank order (dist.init gathers them), the same on
-    every rank, so all agree on the deputy.
+    ``hosts``, ``nodes``: every rank's, in rank order (dist.setup gathers them), the same on
+    every rank, so all agree on the deputy. ``broadcast(obj, root_rank, name)``: the
+    runtime's (collectives.broadcast_object); this module makes no collective of its own.
     """
     node = nodes[rank]
     if rank == 0:
@@ -294,8 +293,7 @@ def start(rank, hosts, nodes, step=lambda: None):
             continue
         offer = (node_addresses(), listening.getsockname()[1]) if rank == listener else None
         # Horovod: where this listener is reached, from the listener to every rank.
-        addresses, listener_port = hvd.broadcast_object(offer, root_rank=listener,
-                                                         name=f"hvdtrain.peers.listener.{listener}")
+        addresses, listener_port = broadcast(offer, root_rank=listener, name=f"hvdtrain.peers.listener.{listener}")
         if node == nodes[listener]:
             addresses = ["127.0.0.1"]  # the listener's own node: the loopback always reaches it
         if listener != rank:

@@ -1,6 +1,6 @@
 """The progress watchdog: a rank that stops making progress ends itself with one line.
 
-Every rank runs one (``dist.init`` starts it): the training loop reports each
+Every rank runs one (``dist.setup`` starts it): the training loop reports each
 finished step, long legitimate phases say so, and a daemon thread ends the
 process when nothing happens for longer than the limit.
 """
@@ -14,7 +14,7 @@ import traceback
 
 from hvdtrain.errors import WATCHDOG_EXIT, UsageError
 from hvdtrain import durations, testhooks
-from hvdtrain.liveness import teardown
+from hvdtrain.liveness import failures, teardown
 from hvdtrain.liveness.peers import judged_limit
 
 # A rank that freezes (alive but silent) would otherwise hang the job forever:
@@ -68,7 +68,7 @@ class Watchdog:
         self.step_number = None  # the latest finished step; None before the first
         self.last_beat = time.monotonic()
         self.current_phase = None
-        self.peers = None  # liveness/peers.py: who else is alive, to name them (dist.init)
+        self.peers = None  # liveness/peers.py: who else is alive, to name them (dist.setup)
         if watch and fixed != 0:  # watch=False: only the limits (tests)
             threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True).start()
 
@@ -76,12 +76,15 @@ class Watchdog:
         self.last_beat = time.monotonic()
 
     def step(self, number=None):
-        """A training step finished: progress, and a sample of how long steps take."""
+        """A training step finished: progress, and a sample of how long steps take. A one-line
+        failure report from now on says "after step N"; a test may plant a fault here."""
         now = time.monotonic()
         if self.step_number is not None and self.current_phase is None:
             self.recent.append(now - self.last_beat)  # not the first step: it may compile
         self.step_number = number if number is not None else (self.step_number or 0) + 1
         self.last_beat = now
+        failures.note_step(self.step_number)
+        testhooks.after_step(self.rank, self.step_number)  # test-only fault injection (HVDTRAIN_FAULT)
 
     @contextlib.contextmanager
     def phase(self, name):

@@ -1,23 +1,22 @@
-"""The small collectives the runtime is built on, each one named call.
+"""Every collective the package makes, each one named call: the one module that calls Horovod's.
 
 Agreement (every rank's verdict on a check, one line and the same exit everywhere),
-votes (all, any, which ranks), a gather to rank 0, and broadcasts from rank 0: the
-model's parameters, a small object, a nested state whose tensors travel as raw bytes.
-Every function here is collective: every rank calls it, in the same order.
+votes (all, any, which ranks), sums and averages over the ranks, gathers (to every
+rank, to rank 0), and broadcasts from one rank: the model's parameters, a small
+object, a nested state whose tensors travel as raw bytes. Every function here is
+collective: every rank calls it, in the same order, with the same ``name`` (the
+name Horovod matches the ranks' requests by, and the one a hang report shows).
+The scripts make their own Horovod calls in plain sight (hvd.init,
+hvd.DistributedOptimizer, hvd.elastic.run) and call these for the rest.
 """
 import pickle
 
 import torch
 import horovod.torch as hvd
 
-from hvdtrain import cli
+from hvdtrain.errors import Agreement
 
 _BROADCAST_GROUP = 64  # tensors in flight at once in broadcast_state
-
-
-def agree_on_errors(check, *args, **kwargs):
-    """``cli.agree_on_errors`` over Horovod: all ranks exit with the same one-line error."""
-    return cli.agree_on_errors(_allgather_verdicts, check, *args, **kwargs)
 
 
 def _allgather_verdicts(message):
@@ -27,22 +26,60 @@ def _allgather_verdicts(message):
     return hvd.allgather_object(message, name="agree_on_errors")
 
 
-def all_ranks_true(flag):
+# ``agree_on_errors(check, *args)``: check's result on every rank, or the one line of the first
+# rank's UsageError on every rank (errors.Agreement over one allgather_object).
+agree_on_errors = Agreement(_allgather_verdicts)
+# The same checks on this rank alone: an --elastic worker may join a running job, whose
+# ranks are in the elastic sync; a collective before that sync would never be matched.
+ALONE = Agreement()
+
+
+def agreement(alone=False):
+    """The start checks' agreement: ``agree_on_errors``, or ``ALONE`` (--elastic)."""
+    return ALONE if alone else agree_on_errors
+
+
+def all_ranks_true(flag, name="all_ranks_true"):
     """True when ``flag`` is true on every rank (one tiny allreduce)."""
     value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    return int(hvd.allreduce(value, op=hvd.Min, name="all_ranks_true").item()) == 1
+    return int(hvd.allreduce(value, op=hvd.Min, name=name).item()) == 1  # Horovod
 
 
-def any_rank_true(flag):
+def any_rank_true(flag, name="any_rank_true"):
     """True when ``flag`` is true on at least one rank (one tiny allreduce)."""
     value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    return int(hvd.allreduce(value, op=hvd.Max, name="any_rank_true").item()) == 1
+    return int(hvd.allreduce(value, op=hvd.Max, name=name).item()) == 1  # Horovod
 
 
-def ranks_where(flag):
+def ranks_where(flag, name="ranks_where"):
     """The ranks where ``flag`` is true, the same list on every rank (one tiny allgather)."""
     value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    return [rank for rank, bit in enumerate(hvd.allgather(value, name="ranks_where").tolist()) if bit]
+    return [rank for rank, bit in enumerate(hvd.allgather(value, name=name).tolist()) if bit]  # Horovod
+
+
+def barrier(name):
+    """Every rank waits here until all have arrived (one tiny allreduce)."""
+    all_ranks_true(True, name=name)
+
+
+def sum_over_ranks(tensor, name):
+    """The elementwise sum of every rank's ``tensor`` (float64 sums stay exact to the last count)."""
+    return hvd.allreduce(tensor, op=hvd.Sum, name=name)  # Horovod
+
+
+def average_over_ranks(tensors, name):
+    """Every rank's ``tensors`` averaged, one fused allreduce for all of them (a list back)."""
+    return hvd.grouped_allreduce(tensors, op=hvd.Average, name=name)  # Horovod
+
+
+def allgather(tensor, name):
+    """Every rank's ``tensor`` (same shape but the first dimension), concatenated in rank order."""
+    return hvd.allgather(tensor, name=name)  # Horovod
+
+
+def allgather_object(obj, name):
+    """Every rank's ``obj`` (pickled), a list in rank order on every rank."""
+    return hvd.allgather_object(obj, name=name)  # Horovod
 
 
 def gather_object_to_root(obj, name):

@@ -10,16 +10,16 @@ as one 32-byte digest, to every other (one allgather); each compares them with
 rank 0's, and when one differs, rank 0's and that rank's settings go to every
 rank (two broadcasts) and all stop with the same line, exit status 2:
 
-    rank 1 differs from rank 0: lr 0.2 vs 0.1, scaled_lr 0.4 vs 0.2
+    rank 1 differs from rank 0: lr 0.2 vs 0.1
 """
 import hashlib
 import json
 
 import torch
-import horovod.torch as hvd
 
-from hvdtrain.errors import UsageError
 from hvdtrain import durations
+from hvdtrain.errors import UsageError
+from hvdtrain.runtime import collectives
 
 # Paths that may differ between ranks (node-local copies of the same files):
 # what they hold is compared through the data facts instead. --threads may be
@@ -33,14 +33,14 @@ def check_ranks_agree(settings, facts):
     with durations.timed("checking that the ranks agree"):
         # Horovod: 32 bytes from each rank. Every rank's whole settings to every rank
         # (hvd.allgather_object) would be a few KB x N per rank: 1.5 MB at 512 ranks.
-        digests = hvd.allgather(torch.frombuffer(bytearray(fingerprint_digest(mine)), dtype=torch.uint8),
+        digests = collectives.allgather(torch.frombuffer(bytearray(fingerprint_digest(mine)), dtype=torch.uint8),
                                 name="rank_fingerprint_digests").view(-1, 32)
         differing = [rank for rank, same in enumerate((digests == digests[0]).all(dim=1).tolist()) if not same]
         if not differing:
             return
         # Horovod: only now the settings themselves, rank 0's and the first differing rank's.
-        reference = hvd.broadcast_object(mine, root_rank=0, name="rank_fingerprint.reference")
-        other = hvd.broadcast_object(mine, root_rank=differing[0], name="rank_fingerprint.differing")
+        reference = collectives.broadcast_object(mine, root_rank=0, name="rank_fingerprint.reference")
+        other = collectives.broadcast_object(mine, root_rank=differing[0], name="rank_fingerprint.differing")
     raise UsageError(_described(differing, other, reference), on_every_rank=True)
 
 

@@ -1,7 +1,12 @@
-"""Distributed setup shared by every script: one call gives rank, size, device.
+"""Distributed setup shared by every script: Horovod's variables, then this rank's device and watchdog.
 
-    ctx = dist.init()            # Horovod: hvd.init(), device pinning, threads
+    profile = dist.configure_horovod(args)   # before hvd.init(): the variables it reads
+    hvd.init()                               # Horovod: start, in the script
+    ctx = dist.setup(use_cuda=True)          # this rank's device, threads, watchdog and heartbeat
     ctx.print0("only rank 0 prints this")
+
+``dist.init()`` is the three in one call, for programs with nothing to do in between
+(the benchmark's Horovod backend, the test workers).
 """
 import os
 import socket
@@ -14,7 +19,7 @@ import horovod.torch as hvd
 from hvdtrain import testhooks
 from hvdtrain.errors import UsageError
 from hvdtrain.liveness import failures, peers, watchdog as watchdog_module
-from hvdtrain.runtime.collectives import agree_on_errors
+from hvdtrain.runtime import collectives, horovod_profile
 
 # HOROVOD_CYCLE_TIME (ms) under the Gloo controller (horovodrun --gloo, --elastic) unless
 # set. Gloo negotiates over TCP, about 1 ms of a rank's CPU a cycle; with the setup's
@@ -28,12 +33,14 @@ GLOO_CYCLE_TIME_MS = {"cpu": "50", "cuda": "5"}
 
 @dataclass
 class Context:
+    """This rank in the current world: rank and size, its device, its progress watchdog."""
     rank: int
     size: int
     local_rank: int
     local_size: int
     device: torch.device
     watchdog: watchdog_module.Watchdog = field(repr=False)
+    gathered_placement: list = field(default=None, repr=False)  # see placement()
 
     @property
     def is_main(self):
@@ -43,9 +50,40 @@ class Context:
         if self.is_main:
             print(*args, **kwargs, flush=True)
 
+    def placement(self):
+        """Where every rank of this world runs, in rank order: {rank, host, node, address, local_rank,
+        local_size, threads, gpu} each. Collective the first time in a world (one allgather_object of a
+        few bytes per rank); the GPU check, the heartbeat and the straggler report all read it."""
+        if self.gathered_placement is None:
+            # Horovod: every rank's host, node, local rank and size, threads and physical GPU
+            self.gathered_placement = collectives.allgather_object(_this_rank(self), name="hvdtrain.dist.placement")
+        return self.gathered_placement
+
+    def follow_world(self):
+        """This worker's rank and size in the current world: after an --elastic reset they change."""
+        self.rank, self.size, self.local_rank, self.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
+        self.watchdog.rank = self.rank
+        self.gathered_placement = None  # another world: gathered again where it is needed
+
+
+def _this_rank(ctx):
+    gpu = _gpu_id(ctx.device.index) if ctx.device.type == "cuda" else None
+    return {"rank": ctx.rank, "host": peers.this_host(), "node": peers.this_node(), "address": peers.node_addresses()[0],
+            "local_rank": ctx.local_rank, "local_size": ctx.local_size, "threads": torch.get_num_threads(), "gpu": gpu}
+
+
+def configure_horovod(args):
+    """Horovod's variables, read by hvd.init(): call before it. Its diagnostics (--horovod-timeline,
+    --horovod-autotune), a tuned profile (--horovod-profile; returns the line that says what it set, or
+    None) and the controller's settings (``configure``). The trainers' args."""
+    request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
+    profile = horovod_profile.apply(args)  # benchmark.py tune's variables
+    configure(use_cuda=not args.cpu, elastic=args.elastic)
+    return profile
+
 
 def request_diagnostics(timeline=None, autotune=False, autotune_log=None):
-    """Horovod's own diagnostics, read at hvd.init(): call before ``init``.
+    """Horovod's own diagnostics, read at hvd.init(): call before it.
 
     ``timeline``: a Chrome trace (chrome://tracing, Perfetto) of every tensor's
     negotiation, fusion and allreduce, written by rank 0. ``autotune``: Horovod
@@ -63,14 +101,9 @@ def request_diagnostics(timeline=None, autotune=False, autotune_log=None):
         os.environ["HOROVOD_AUTOTUNE_LOG"] = str(autotune_log)
 
 
-def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False):
-    """Start Horovod, pin this rank to its GPU, and share the CPU cores fairly.
-
-    Also starts the progress watchdog: ``ctx.watchdog.step(n)`` after every step
-    (see liveness/watchdog.py; HVDTRAIN_WATCHDOG_SECONDS sets a fixed limit, 0 turns it off).
-    """
+def configure(use_cuda=True, stall_shutdown_seconds=None, elastic=False):
+    """The controller's settings hvd.init() reads (an explicit environment setting wins)."""
     testhooks.check_environment()  # a malformed test-only variable: one line, exit 2, before any step
-    # Horovod reads these at init; an explicit environment setting wins.
     # (horovodrun's --stall-check-shutdown-time-seconds sets the same variable.)
     # The watchdog finds hangs; Horovod's own shutdown (MPI only) is a backstop that
     # must not end a legitimate phase the watchdog allows.
@@ -93,24 +126,27 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
     if os.environ.get("HOROVOD_CONTROLLER") == "gloo":  # horovodrun --gloo sets it
         device = "cuda" if use_cuda and torch.cuda.is_available() else "cpu"
         os.environ.setdefault("HOROVOD_CYCLE_TIME", GLOO_CYCLE_TIME_MS[device])
-    hvd.init()  # Horovod: start the background communication thread.
 
+
+def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False):
+    """``configure``, hvd.init() and ``setup`` in one call."""
+    configure(use_cuda, stall_shutdown_seconds, elastic)
+    hvd.init()  # Horovod: start the background communication thread.
+    return setup(use_cuda, threads, elastic)
+
+
+def setup(use_cuda=True, threads=None, elastic=False):
+    """After hvd.init(): pin this rank to its GPU, share the CPU cores fairly, start the watchdog.
+
+    ``ctx.watchdog.step(n)`` after every step (see liveness/watchdog.py;
+    HVDTRAIN_WATCHDOG_SECONDS sets a fixed limit, 0 turns it off). With 2+ ranks (not
+    --elastic, whose joining workers make no collective before their sync): the GPU layout
+    checked on every rank, and the heartbeat that names lost ranks started.
+    """
     # Horovod: one GPU per process (see cuda_device_index); a collective on every
     # rank, CUDA or not, so that a bad GPU layout stops all ranks with one line.
-    placement = None  # every rank's (host, node, GPU id), where the ranks gather it
-    if elastic:  # alone: a worker joining a running job must make no collective before its sync
-        index = _cuda_device_for_this_rank(use_cuda)
-    else:
-        index = agree_on_errors(_cuda_device_for_this_rank, use_cuda)
-        if hvd.size() > 1:
-            # Horovod: every rank's host, node and physical GPU (none on a CPU), a few bytes each.
-            # Ranks that each see one GPU, the same one, would fail in NCCL's first collective,
-            # blaming a lost peer; the heartbeat (peers.start) needs the hosts and nodes.
-            placement = hvd.allgather_object((peers.this_host(), peers.this_node(), _gpu_id(index)),
-                                             name="hvdtrain.dist.placement")
-            problem = shared_gpus(placement)
-            if problem:
-                raise UsageError(problem, on_every_rank=True)
+    agree = collectives.agreement(alone=elastic)
+    index = agree(_cuda_device_for_this_rank, use_cuda)
     if index is not None:
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)
@@ -123,13 +159,21 @@ def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False
     if threads:
         torch.set_num_threads(threads)
 
-    watchdog = watchdog_module.from_env(hvd.rank())
-    if placement is not None:  # who else is alive, so a hang can name the lost ranks and hosts
-        hosts, nodes, _ = map(list, zip(*placement))
-        watchdog.peers = peers.start(hvd.rank(), hosts, nodes, step=lambda: watchdog.step_number)
-        failures.set_peer_witness(watchdog.peers)  # a lost peer: one line, rank 0's, naming it
-    return Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
-                   local_size=hvd.local_size(), device=device, watchdog=watchdog)
+    ctx = Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
+                  device=device, watchdog=watchdog_module.from_env(hvd.rank()))
+    if not elastic and ctx.size > 1:
+        placement = ctx.placement()  # collective
+        # Ranks that each see one GPU, the same one, would fail in NCCL's first collective,
+        # blaming a lost peer.
+        problem = shared_gpus([(place["host"], place["node"], place["gpu"]) for place in placement])
+        if problem:
+            raise UsageError(problem, on_every_rank=True)
+        # Who else is alive, so a hang can name the lost ranks and hosts (collective: the listeners' addresses).
+        ctx.watchdog.peers = peers.start(ctx.rank, [place["host"] for place in placement],
+                                         [place["node"] for place in placement],
+                                         step=lambda: ctx.watchdog.step_number, broadcast=collectives.broadcast_object)
+        failures.set_peer_witness(ctx.watchdog.peers)  # a lost peer: one line, rank 0's, naming it
+    return ctx
 
 
 def cuda_device_index(local_rank, local_size, visible_count):
@@ -184,6 +228,22 @@ def _cuda_device_for_this_rank(use_cuda):
     if not (use_cuda and torch.cuda.is_available()):
         return None
     return cuda_device_index(hvd.local_rank(), hvd.local_size(), torch.cuda.device_count())
+
+
+def world_rank():
+    """This worker's rank in the current world, as Horovod knows it now (after an --elastic reset
+    the context follows it in ``Context.follow_world``)."""
+    return hvd.rank()
+
+
+def mpi_controller():
+    """Whether Horovod runs its MPI controller (mpirun, horovodrun --mpi), not Gloo."""
+    return hvd.mpi_enabled()
+
+
+def nccl_built():
+    """Whether this Horovod build reduces GPU tensors with NCCL."""
+    return hvd.nccl_built()
 
 
 def to_sync_batchnorm(module):

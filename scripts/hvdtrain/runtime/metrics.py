@@ -6,7 +6,8 @@ different numbers of samples; sums and counts are exact.
 import time
 
 import torch
-import horovod.torch as hvd
+
+from hvdtrain.runtime import collectives
 
 
 class SumMeter:
@@ -39,7 +40,7 @@ class SumMeter:
         local = torch.tensor([[self.sums[n], float(self.counts[n])] for n in names],
                              dtype=torch.float64)
         # Horovod: sum the sums and the counts over all ranks.
-        total = hvd.allreduce(local, op=hvd.Sum, name=f"{name_prefix}.sums")
+        total = collectives.sum_over_ranks(local, name=f"{name_prefix}.sums")
         return dict(zip(names, total.tolist()))
 
     def reset(self):
@@ -61,6 +62,51 @@ class SumMeter:
         for entry in entries if rank == 0 else []:
             for name, total in entry["sums"].items():
                 self.add(name, total, entry["counts"][name])
+
+
+class EpochSums:
+    """The epoch's training sums over every rank, and its metrics at its end; a checkpoint component.
+
+    ``folded`` (--elastic, --global-batch): at every checkpoint and --elastic commit
+    (``before_save``) the ranks' partial sums join ``totals`` (one allreduce), so a lost
+    worker takes none of the committed steps' counts with it and the epoch's row covers
+    every sample once (``train_samples``). Otherwise each rank keeps its own sums (the
+    ``meter``, a per-rank checkpoint component) until the epoch's end reduces them.
+    """
+
+    def __init__(self, meter, folded):
+        self.meter = meter  # this rank's SumMeter of the epoch's training sums
+        self.folded = folded
+        self.totals = {}  # name -> [sum, count] over every rank, folded in so far
+
+    def state_dict(self):
+        return {"totals": self.totals}
+
+    def load_state_dict(self, state):
+        self.totals = {name: list(total) for name, total in state["totals"].items()}
+
+    def before_save(self):
+        """At every checkpoint and commit (checkpoint.around_save); collective when folded."""
+        if self.folded:
+            self._fold()
+
+    def _fold(self):
+        for name, (total, count) in self.meter.reduce_totals("train").items():  # Horovod: one allreduce
+            kept = self.totals.setdefault(name, [0.0, 0.0])
+            kept[0], kept[1] = kept[0] + total, kept[1] + count
+        self.meter.reset()
+
+    def epoch_metrics(self, world_size):
+        """The epoch's averages over every sample of every rank; collective (one allreduce)."""
+        if not self.folded:
+            return self.meter.reduce("train")
+        self._fold()
+        return {**averages(self.totals), "train_samples": int(self.totals["train_top1"][1]),
+                "world_size": world_size}
+
+    def next_epoch(self):
+        self.meter.reset()
+        self.totals = {}
 
 
 def averages(totals):
@@ -119,6 +165,15 @@ class Throughput:
         """Local samples/s since the warm-up; None before any step was timed."""
         return _rate(self.launch)
 
+    def launch_rates(self, size):
+        """(samples/s of this launch over every rank, per rank); 0 where nothing was timed. Collective."""
+        return total_throughput(self.launch_rate() or self.window_rate(), size)
+
+    def window_rates(self, size):
+        """(samples/s over every rank, per rank, seconds) of the window so far. Collective."""
+        total, per_worker = total_throughput(self.window_rate(), size)
+        return total, per_worker, self.window_all[1]
+
 
 def _add(total, samples, seconds):
     total[0] += samples
@@ -135,8 +190,8 @@ def rate_text(rate, unit, digits=1):
     return f"{rate:.{digits}f} {unit}/s" if rate else f"{unit}/s: too few steps to time"
 
 
-def total_throughput(local_rate):
-    """(samples/s summed over all ranks, the same per rank); 0 where not yet measured."""
+def total_throughput(local_rate, size):
+    """(samples/s summed over the ``size`` ranks, the same per rank); 0 where not yet measured."""
     rate = torch.tensor([local_rate or 0.0], dtype=torch.float64)
-    total = hvd.allreduce(rate, op=hvd.Sum, name="throughput").item()  # Horovod
-    return total, total / hvd.size()
+    total = collectives.sum_over_ranks(rate, name="throughput").item()  # Horovod: one allreduce
+    return total, total / size

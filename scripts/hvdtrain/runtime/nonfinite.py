@@ -69,10 +69,11 @@ class NonFiniteGuard:
         """
         finite, self.finite = bool(self.finite), True
         # Not an allgather on every step: N flags to every rank, every step, at N ranks.
-        if not collectives.any_rank_true(not finite):
+        # Horovod: the NaN/Inf vote, one allreduce (Max) of a flag per rank, every step
+        if not collectives.any_rank_true(not finite, name="nonfinite.vote"):
             self.in_a_row = 0
             return False
-        ranks = collectives.ranks_where(not finite)
+        ranks = collectives.ranks_where(not finite, name="nonfinite.ranks")  # Horovod: which ranks, an allgather
         self.in_a_row += 1
         where = f"non-finite loss (NaN or Inf) at step {self.step} on {peers.rank_list(ranks)}"
         if not can_skip:

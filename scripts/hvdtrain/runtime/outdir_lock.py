@@ -68,7 +68,7 @@ def this_holder():
     }
 
 
-def describe(holder):
+def holder_text(holder):
     job = f", Slurm job {holder['slurm_job_id']}" if holder.get("slurm_job_id") else ""
     return f"pid {holder.get('pid')} on {holder.get('host')}{job}, started {holder.get('started')}"
 
@@ -127,10 +127,10 @@ class OutputDirLock:
             reason = "--take-over-lock was given" if take_over else why_stale(holder, me)
             if reason is None:
                 raise UsageError(
-                    f"{self.path.parent} is in use by another run ({describe(holder)}); wait for it to end or "
+                    f"{self.path.parent} is in use by another run ({holder_text(holder)}); wait for it to end or "
                     f"use another --output-dir (if it has ended, delete {self.path} or pass --take-over-lock)")
             if self._remove_stale(holder):
-                say(f"note: taking over the lock on {self.path.parent} from {describe(holder)}: {reason}",
+                say(f"note: taking over the lock on {self.path.parent} from {holder_text(holder)}: {reason}",
                     flush=True)
         raise UsageError(f"cannot lock {self.path.parent}: {self.path} keeps changing or cannot be read "
                          "(delete it if no run uses that directory)")

@@ -41,7 +41,7 @@ class Precision(NamedTuple):
         """Whether a GradScaler is needed: fp16 only."""
         return self.name == "fp16"
 
-    def describe(self):
+    def line(self):
         return f"precision {self.name} ({self.reason})"
 
 
@@ -75,7 +75,7 @@ def resolve(requested, device_type, cuda_auto="bf16", flags=None, cuda_bf16=None
     supports it, else fp32). ``flags``/``cuda_bf16``: the CPU's flags and
     torch.cuda.is_bf16_supported(), read from this machine when None (tests
     pass their own). Raises UsageError for a precision the device cannot run.
-    The result is also kept for ``describe``.
+    The result is also kept for ``description``.
     """
     if requested not in CHOICES:
         raise UsageError(f"--precision {requested}: choose one of {', '.join(CHOICES)}")
@@ -108,7 +108,7 @@ def resolve(requested, device_type, cuda_auto="bf16", flags=None, cuda_bf16=None
 _RESOLVED = {}  # device type -> the latest resolve() in this process
 
 
-def describe(name, device_type):
+def description(name, device_type):
     """The run's words for its resolved precision ``name``: "precision bf16 (auto: the CPU has AMX)"."""
     latest = _RESOLVED.get(device_type)
-    return latest.describe() if latest is not None and latest.name == name else f"precision {name}"
+    return latest.line() if latest is not None and latest.name == name else f"precision {name}"

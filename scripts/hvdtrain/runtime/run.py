@@ -1,21 +1,24 @@
-"""The run skeleton both trainers share.
+"""A training run's life around the trainer's own loop: its start, each step's bookkeeping, its end.
 
-    checkpointer = Checkpointer(ctx, settings.output_dir, shared={..., "train_state": state}, per_rank=...)
-    run = Run(ctx, settings, state, checkpointer, total_steps, stop_request)
-    run.launch(train)                 # restore (or start over), open the log, train(), close the log
+    run = Run(ctx, settings, state, checkpointer, commits, timer, stop_request)
 
-    def train():                      # called again after every --elastic reset
+    def train(commits, ...):             # hvd.elastic.run calls it again after every reset (--elastic)
+        if run.begin() == "fresh":       # this world; once per job, the newest checkpoint restored
+            broadcast rank 0's initial weights         # (nothing was restored)
+        if run.nothing_to_train(finished): return
+        run.retarget(total_steps)        # the schedule's steps at this world size
         while ...:
             train one step
-            reason = run.step_done(samples)   # counters, watchdog, stop checks
-            run.checkpoints.after_step(..., stopping=bool(reason))  # checkpoint, commit when due
+            reason = run.step_done()                      # counters, watchdog, stragglers, stop vote
+            run.save(..., stopping=reason is not None)    # checkpoints and commits at their cadence
             if reason: return run.stop(reason, results)
+        run.finish(results)
 
-What it owns, once for both: the train state (position and counters), the
-restore with the resume contract, the checkpoint manager (cadence.py: the
-cadence of checkpoints and --elastic commits), the world after an elastic
-reset, stop requests (which signal reached which rank), the run log and
-throughput.
+What it owns, once for both trainers: the train state's counters, the restore
+with the resume contract, the checkpoint cadence (cadence.py: checkpoints and
+--elastic commits), stop requests (which signal reached which rank), the
+straggler watch (and --balance's new shares) and the run log. The trainer owns
+its model, step, data, position and throughput.
 """
 import atexit
 import os
@@ -24,16 +27,10 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import horovod.torch as hvd
-
-from hvdtrain import cli, durations, testhooks
-from hvdtrain.liveness import failures
-from hvdtrain.runtime import collectives, elastic, nonfinite, settings as settings_module, stragglers
-from hvdtrain.runtime import checkpoint
-from hvdtrain.runtime.cadence import CheckpointManager
+from hvdtrain import cli, durations
 from hvdtrain.errors import UsageError
-from hvdtrain.runtime.checkpoint import clear_run_outputs
-from hvdtrain.runtime.metrics import Throughput, total_throughput
+from hvdtrain.runtime import checkpoint_files, collectives, settings as settings_module, stragglers
+from hvdtrain.runtime.cadence import CheckpointManager
 from hvdtrain.runtime.outdir_lock import OutputDirLock
 from hvdtrain.runtime.runlog import RunLog
 
@@ -60,115 +57,93 @@ class TrainState:
 
 
 class Run:
-    """Restore, stop requests, log and throughput around a trainer's own loop; ``checkpoints`` saves."""
+    """Restore, each step's bookkeeping, checkpoints, stop requests and the log around a trainer's loop."""
 
-    def __init__(self, ctx, settings, state, checkpointer, total_steps, stop_request):
-        """``state``: the TrainState among ``checkpointer``'s shared components."""
+    def __init__(self, ctx, settings, state, checkpointer, commits, timer, stop_request, shares=None):
+        """``state``: the TrainState among ``checkpointer``'s shared components; ``commits``: the run's
+        elastic.Commits (hvd.elastic.run's state under --elastic); ``timer``: the durations.SectionTimer the
+        trainer times its steps with; ``shares``: --balance's balance.Shares. The schedule's steps
+        come with ``retarget``, in every world."""
         self.ctx = ctx
         self.settings = settings
         self.state = state
-        self.checkpointer = checkpointer  # restored from by start()
-        self.total_steps = total_steps  # the whole schedule
-        self.last_step = min(settings.stop_after or total_steps, total_steps)  # this launch's
+        self.checkpointer = checkpointer  # restored from by begin()
+        self.commits = commits
+        self.total_steps = self.last_step = None  # the schedule's, and this launch's (retarget)
         self.stop_request = stop_request
-        # --elastic: the in-memory commits, whose resets this run follows (adopt_new_world).
-        commits = elastic.Commits(checkpointer, ctx, settings.elastic_commit_every, start=self.start,
-                                  adopt_new_world=self.adopt_new_world) if settings.elastic else None
-        self.checkpoints = CheckpointManager(checkpointer, settings, state, commits)
-        self.throughput = Throughput()
+        self.checkpoints = CheckpointManager(checkpointer, settings, state, commits if commits.enabled else None)
         self.log = None
-        self.resumed = False
-        self.resized_from = None  # the restored checkpoint's world size where it differs from this launch's
-        self._fresh_start = False  # start() restored nothing: see take_fresh_start
-        # The trainers pass it to optim.finish_step; it reports through the log, open after start().
-        self.nonfinite = nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state,
-                                                               say=lambda line: self.log.info(line))
-        # Per-rank step timings; the trainers time their sections with self.stragglers.timer.
         stragglers.check_settings(settings, os.environ)
-        self.stragglers = stragglers.StragglerWatch(settings, ctx.rank, ctx.size)
+        self.stragglers = stragglers.StragglerWatch(settings, ctx.rank, ctx.size, timer, gather_placement=ctx.placement)
+        self.shares = shares
         self.straggler_exit = None  # --straggler-action checkpoint-exit: raised after the checkpoint
 
-    def launch(self, train):
-        """``start()``, then ``train()``; under --elastic inside ``hvd.elastic.run``, which calls
-        ``train()`` again after every reset. The log is closed here, and only here."""
-        try:
-            commits = self.checkpoints.commits
-            if commits is None:
-                self.start()
-                return train()
-            # Horovod: hvd.elastic.run restores the last commit, re-forms the world and calls train() again.
-            return commits.elastic_run(train)
-        finally:
-            if self.log is not None:
-                self.log.close()
+    def begin(self):
+        """Enter this world, at the top of every ``train()`` (called again after every --elastic reset).
 
-    def adopt_new_world(self, started):
-        """--elastic, after a reset: this worker's rank and size in the new world; the log follows rank 0.
-
-        ``started``: the run has restored its checkpoint (a log is open somewhere).
+        This worker's rank and size; the first time in the job, --output-dir locked and its
+        newest checkpoint restored (or cleared: --no-resume), the log opened; after a reset the
+        log follows rank 0. Returns "fresh" (nothing restored: the trainer then broadcasts rank
+        0's initial weights), "resumed" (every rank loaded the checkpoint's) or "reset" (a new
+        --elastic world: the sync gave every rank rank 0's state). Collective.
         """
-        ctx = self.ctx
-        ctx.rank, ctx.size, ctx.local_rank, ctx.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
-        ctx.watchdog.rank = ctx.rank
-        self.stragglers.new_world(ctx.rank, ctx.size)
-        if not started:
-            return
-        if self.log is None or self.log.enabled != ctx.is_main:
-            if self.log is not None:
-                self.log.close()
-            # A new rank 0 (or a worker that joined) writes the log from the committed step on.
-            self.log = self._open_log()
-        elif ctx.is_main:
-            # Rows of steps after the commit are written again when those steps are redone.
-            self.log.drop_rows_after(self.state.step, self.state.epoch)
+        self.ctx.follow_world()
+        self.stragglers.new_world(self.ctx.rank, self.ctx.size)
+        if self.commits.started:
+            self._log_follows_rank_0()
+            begun = "reset"
+        else:
+            begun = "resumed" if self._start() else "fresh"
+            self.commits.started = True
+            self.commits.save()  # --elastic: a reset before the first commit goes back to this state
+        return begun
 
-    def start(self):
-        """Lock --output-dir, restore from it (or clear it), then open the log; collective."""
+    def _start(self):
+        """Lock --output-dir, restore from it (or clear it), then open the log; collective. True: restored."""
         collectives.agree_on_errors(self._lock_output_dir)
         if not self.settings.resume and self.ctx.is_main:
-            clear_run_outputs(self.settings.output_dir)
-        adjusted = []
+            checkpoint_files.clear_run_outputs(self.settings.output_dir)
+        adjusted, resized_from = [], []
 
         def check(saved):
             adjusted.extend(settings_module.check_resume(saved["settings"], self.settings,
                                                          self.settings.output_dir))
-            self.resized_from = settings_module.resized_from(saved["settings"], self.settings)
-            refusal = self.resized_from and self.settings.resize_refusal(saved["train_state"])
+            old_size = settings_module.resized_from(saved["settings"], self.settings)
+            refusal = old_size and self.settings.resize_refusal(saved["train_state"])
             if refusal:
                 raise UsageError(settings_module.resize_refusal_line(
-                    self.resized_from, self.ctx.size, self.settings.output_dir, refusal))
+                    old_size, self.ctx.size, self.settings.output_dir, refusal))
+            resized_from.append(old_size)
 
         started = time.perf_counter()
-        restored = self.checkpointer.restore(check=check)
-        self.resumed = restored is not None
-        if self.resumed:
+        restored = self.checkpointer.restore(check=check) is not None
+        if restored:
             settings_module.announce(adjusted, self.ctx.print0)
-            if self.resized_from:
-                self.ctx.print0(settings_module.resize_line(self.resized_from, self.settings,
+            if resized_from[0]:
+                self.ctx.print0(settings_module.resize_line(resized_from[0], self.settings,
                                                             self.settings.output_dir))
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
             self.ctx.print0(f"restored step {self.state.step} from {self.settings.output_dir} in "
                             f"{time.perf_counter() - started:.1f} s (rank 0 peak RSS so far {peak:.2f} GiB)")
-        self._fresh_start = not self.resumed
         self.log = self._open_log()
         return restored
 
-    def retarget(self, total_steps):
-        """The schedule's steps after a resize (a step's samples changed): the stop and the log follow."""
-        self.total_steps = total_steps
-        self.last_step = min(self.settings.stop_after or total_steps, total_steps)
-        self.log.retarget(total_steps)
-
-    def take_fresh_start(self):
-        """True once, in the first ``train()`` of a run that restored no checkpoint: the trainer then
-        broadcasts rank 0's initial weights. A restore gave every rank the checkpoint's, and after an
-        --elastic reset the sync gives every rank rank 0's state."""
-        fresh, self._fresh_start = self._fresh_start, False
-        return fresh
+    def _log_follows_rank_0(self):
+        """After an --elastic reset: a new rank 0 (or a worker that joined) writes the log from the
+        committed step on; rows of steps after the commit are written again when they are redone."""
+        if self.log is None or self.log.enabled != self.ctx.is_main:
+            if self.log is not None:
+                self.log.close()
+            self.log = self._open_log()
+        elif self.ctx.is_main:
+            self.log.drop_rows_after(self.state.step, self.state.epoch)
 
     def _open_log(self):
-        """The log, written on from the restored state: its rows of later steps are dropped."""
-        return RunLog(self.ctx, self.settings.output_dir, self.total_steps, resumed_from=self.state)
+        """The log, written on from the restored state: its rows of later steps are dropped. Closed
+        as the process exits, however the launch ends (its TensorBoard files, its progress bar)."""
+        log = RunLog(self.ctx, self.settings.output_dir, self.total_steps, resumed_from=self.state)
+        atexit.register(log.close)
+        return log
 
     def _lock_output_dir(self):
         """Rank 0 holds --output-dir's lock until it exits (see outdir_lock)."""
@@ -176,35 +151,59 @@ class Run:
             lock = OutputDirLock(self.settings.output_dir).acquire(self.settings.take_over_lock)
             atexit.register(lock.release)
 
-    def step_done(self, samples):
+    def nothing_to_train(self, finished):
+        """True, and said in the log, when this launch must not train: the run is ``finished`` (a
+        relaunch of a finished run changes nothing), or an earlier launch reached --stop-after
+        (e.g. a requeue of a Slurm job that had already stopped there)."""
+        if finished:
+            self.log.info(finished_line(self.settings.output_dir, self.state.step))
+            return True
+        stop_after = self.settings.stop_after
+        if not stop_after or self.state.step < stop_after:
+            return False
+        self.log.info(f"{self.settings.output_dir} is at step {self.state.step}, already past --stop-after "
+                      f"{stop_after}: nothing to do (drop --stop-after or raise it to train on)")
+        return True
+
+    def retarget(self, total_steps):
+        """The schedule's steps at this world size (a step's samples may differ from the last world's):
+        the stop and the log's progress follow."""
+        self.total_steps = total_steps
+        self.last_step = min(self.settings.stop_after or total_steps, total_steps)
+        self.log.retarget(total_steps)
+
+    def step_done(self):
         """Count a finished step; returns why this launch must stop now, or None.
 
-        Collective on some steps, the same on every rank: every --stop-check-every steps
-        the stop-signal allgather (signals.StopRequest), every --straggler-interval steps
-        the timings' allgather (stragglers.StragglerWatch; the placement allgather once).
+        Collective on some steps, the same on every rank: every --straggler-interval steps
+        the timings' allgather (stragglers.StragglerWatch; the placement allgather once per
+        world), every --stop-check-every steps the stop vote, an allreduce
+        (signals.StopRequest.poll).
         """
         state = self.state
         state.step, state.step_in_epoch = state.step + 1, state.step_in_epoch + 1
-        self.ctx.watchdog.step(state.step)  # progress, and how long steps take (the stall limit)
-        failures.note_step(state.step)  # a one-line failure report says "after step N"
-        testhooks.step_done(self.ctx.rank, state.step)  # test-only fault injection (HVDTRAIN_FAULT)
-        self.throughput.step(samples)
         self.log.progress(state.step)
-        straggler = self.watch_stragglers()
+        self.ctx.watchdog.step(state.step)  # progress, how long steps take (the stall limit), "after step N"
+        straggler = self._watch_stragglers()
         if straggler is not None:
             return f"--straggler-action checkpoint-exit (rank {straggler.rank} on {straggler.host})"
         if self.last_step <= state.step < self.total_steps:
             return f"--stop-after {self.last_step}"
         if state.step % self.settings.stop_check_every == 0:
-            return self.poll_stop_request()
+            return self.stop_request.poll()  # Horovod: the stop vote, an allreduce (an allgather if one was signalled)
         return None
 
-    def watch_stragglers(self):
-        """Every --straggler-interval steps: the per-rank table, the straggler line; a Straggler to
-        stop for (--straggler-action checkpoint-exit), else None. Collective at those steps."""
-        straggler = self.stragglers.step_done(self.state.step)
-        if self.stragglers.latest_at(self.state.step):
-            self.log.record_ranks(self.stragglers.latest)
+    def _watch_stragglers(self):
+        """Every --straggler-interval steps: the per-rank table, the straggler line, --balance's new
+        shares; a Straggler to stop for (--straggler-action checkpoint-exit), else None. Collective
+        at those steps."""
+        step = self.state.step
+        straggler = self.stragglers.check(step)
+        if not self.stragglers.latest_at(step):
+            return None
+        self.log.record_ranks(self.stragglers.latest)
+        if self.shares is not None and self.shares.rebalance(self.stragglers.latest):
+            self.log.info(self.shares.change_line(step))
         if straggler is None:
             return None
         self.log.info(straggler.line())
@@ -221,32 +220,27 @@ class Run:
         self.straggler_exit = straggler
         return straggler
 
-    def rebalance(self, shares, unit):
-        """--balance, after a straggler interval: new shares from its timings (``shares``, or None
-        without --balance); True, and said in the log, when they changed."""
-        if shares is None or not self.stragglers.latest_at(self.state.step):
-            return False
-        if not shares.rebalance(self.stragglers.latest):
-            return False
-        self.log.info(f"--balance: {unit} per rank now {shares.shares} (step {self.state.step})")
-        return True
-
-    def poll_stop_request(self):
-        """Collective: None, or which signal reached which rank, e.g. "SIGUSR1 (rank 1)"."""
-        return self.stop_request.describe() if self.stop_request.should_stop() else None
+    def save(self, epoch_end=False, is_best=False, last=False, stopping=False):
+        """What the cadence asks for after the step just trained: checkpoints and --elastic commits
+        (cadence.CheckpointManager.after_step lists their collectives)."""
+        self.checkpoints.after_step(epoch_end=epoch_end, is_best=is_best, last=last, stopping=stopping)
 
     def stop(self, reason, results):
-        """A stop before the end, after its checkpoint (``checkpoints.after_step(stopping=True)``):
-        the results so far, and how to go on."""
-        self.write_results({**results, "completed": False})
+        """A stop before the end, after its checkpoint (``save(stopping=True)``): the results so far,
+        and how to go on."""
+        self._write_results({**results, "completed": False})
         # The command to print resumes: no --no-resume (it deletes the checkpoint), no --stop-after.
         self.log.info(f"stopped by {reason} at step {self.state.step}: checkpoint written to "
                       f"{self.settings.output_dir}; to continue, relaunch with the same launcher: "
                       f"python {cli.resume_command()}")
         if self.straggler_exit is not None:
-            self.exit_for_straggler(self.straggler_exit)
+            self._exit_for_straggler(self.straggler_exit)
 
-    def exit_for_straggler(self, straggler):
+    def finish(self, results):
+        """The schedule's end: results.json (completed); returns its path (rank 0; None elsewhere)."""
+        return self._write_results({**results, "completed": True})
+
+    def _exit_for_straggler(self, straggler):
         """After the checkpoint: name the host to leave out (HVDTRAIN_STRAGGLER_FILE too), exit 5 everywhere."""
         path = os.environ.get(stragglers.STRAGGLER_FILE_VAR)
         if path and self.ctx.is_main:
@@ -255,31 +249,13 @@ class Run:
             f"{straggler.line()}; checkpoint written to {self.settings.output_dir} at step {self.state.step}: "
             f"relaunch without {straggler.host} to continue")
 
-    def rates(self):
-        """(total, per worker) samples/s of this launch; 0 where nothing was timed. Collective."""
-        return total_throughput(self.throughput.launch_rate() or self.throughput.window_rate())
-
-    def write_results(self, results):
+    def _write_results(self, results):
         ranks = self.stragglers.summary()  # the latest interval's per-rank timings
-        placement = self.stragglers.placement  # every rank's host, local rank and size, threads
+        placement = self.ctx.gathered_placement  # every rank's host, local rank and size, threads
         return self.log.results({**results, "skipped_steps": self.state.skipped_steps,
                                  "durations": durations.summary(),  # rank 0's collective moments
                                  **({"ranks": ranks} if ranks else {}),
                                  **({"placement": placement} if placement else {})})
-
-    def stop_after_already_reached(self):
-        """True when this launch must not train: --stop-after STEP was reached by an earlier
-        launch (e.g. a requeue of a Slurm job that had already stopped there). Says so."""
-        stop_after = self.settings.stop_after
-        if not stop_after or self.state.step < stop_after:
-            return False
-        self.log.info(f"{self.settings.output_dir} is at step {self.state.step}, already past --stop-after "
-                      f"{stop_after}: nothing to do (drop --stop-after or raise it to train on)")
-        return True
-
-    def already_finished(self, results_name="results.json"):
-        """Relaunching a finished run changes nothing; says where its results are."""
-        self.log.info(finished_line(self.settings.output_dir, self.state.step, results_name))
 
 
 def finished_line(output_dir, step, results_name="results.json"):
@@ -293,19 +269,19 @@ def finished_before_start(ctx, settings, results_name="results.json"):
     checkpoint has every step and the same settings. Asked before a model is built, so that
     relaunching a finished run (a requeue, a rerun script) builds none: for BERT, no
     transformers import (seconds on every rank). Anything else (no checkpoint, a damaged
-    one, changed settings) is False: Run.start then restores, or says what is wrong. Collective.
+    one, changed settings) is False: Run.begin then restores, or says what is wrong. Collective.
     """
     if settings.elastic or not settings.resume:
         return False  # an elastic worker makes no collective before its sync
     step = None
     if ctx.is_main:
         try:
-            newest = checkpoint.checkpoint_paths(settings.output_dir)[:1]
-            saved, problem = checkpoint.read(newest[0]) if newest else (None, "none")
-            if (not problem and checkpoint.is_current_format(saved) and saved["train_state"]["step"] >= settings.steps
+            newest = checkpoint_files.checkpoint_paths(settings.output_dir)[:1]
+            saved, problem = checkpoint_files.read(newest[0]) if newest else (None, "none")
+            if (not problem and checkpoint_files.is_current_format(saved) and saved["train_state"]["step"] >= settings.steps
                     and not settings_module.check_resume(saved["settings"], settings, settings.output_dir)):
                 step = saved["train_state"]["step"]
-        except Exception:  # noqa: BLE001 - the restore in Run.start says what it is
+        except Exception:  # noqa: BLE001 - the restore in Run.begin says what it is
             step = None
     # Horovod: rank 0's answer, the finished step or None, to every rank
     step = collectives.broadcast_object(step, root_rank=0, name="run.finished_before_start")

@@ -17,7 +17,8 @@ class RunLog:
     """Everything a run writes for people. A no-op on ranks other than 0."""
 
     def __init__(self, ctx, output_dir, total_steps=None, tensorboard=True, resumed_from=None):
-        """``resumed_from``: the restored training state (its step and epoch), None for a new run."""
+        """``total_steps``: the schedule's (None until ``retarget`` says); ``resumed_from``: the restored
+        training state (its step and epoch), None for a new run."""
         self.enabled = ctx.is_main
         resumed_step = resumed_from.step if resumed_from is not None else 0
         self.output_dir = Path(output_dir)
@@ -35,7 +36,7 @@ class RunLog:
             self.drop_rows_after(resumed_step, resumed_from.epoch)
         if tqdm is not None and sys.stderr.isatty():
             self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
-        elif total_steps:
+        else:
             # Under a launcher stdout is a pipe: no bar, a line now and then instead.
             self.report = ProgressReport(total_steps, resumed_step, interval)
         if tensorboard:
@@ -111,10 +112,12 @@ class RunLog:
         return path
 
     def close(self):
+        """Once or more: the progress bar and TensorBoard's files."""
         if self.bar is not None:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
+        self.bar = self.writer = None
 
 
 PROGRESS_SECONDS_VAR = "HVDTRAIN_PROGRESS_SECONDS"

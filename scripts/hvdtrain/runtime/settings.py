@@ -35,7 +35,7 @@ OPERATIONAL = {
     "output_dir", "export_dir", "resume", "data", "init_checkpoint", "threads", "workers",
     "verify_images", "checkpoint_every", "checkpoint_write", "keep_checkpoints", "log_every", "stop_check_every", "stop_after",
     "horovod_timeline", "horovod_autotune", "horovod_autotune_log", "horovod_profile", "config", "take_over_lock",
-    "scaled_lr",  # follows from lr, world_size and accumulation_steps, which are compared
+    "scaled_lr",  # in checkpoints until 2026-11: followed from lr, world_size and accumulation_steps
     "nonfinite_loss", "max_nonfinite_steps",  # what to do should a loss turn NaN, not what is computed
     "elastic_commit_every",
     "straggler_interval", "straggler_threshold", "straggler_patience", "straggler_action",  # how to report

@@ -2,7 +2,7 @@
 
 Slurm sends SIGUSR1 before a time limit (``--signal``) and SIGTERM on
 preemption, but not always to every rank at the same moment. Each rank only
-records the signal; ``should_stop()`` is an allreduce, so all ranks stop after
+records the signal; ``poll()`` is an allreduce, so all ranks stop after
 the same step even when only one of them was signalled.
 
 DataLoader workers must survive these signals: Open MPI's orted and Slurm
@@ -13,8 +13,6 @@ a checkpoint. ``worker_loader_options()`` makes them ignore the signals.
 import signal
 import sys
 from multiprocessing import forkserver, resource_tracker
-
-import horovod.torch as hvd
 
 from hvdtrain.runtime import collectives
 
@@ -38,14 +36,15 @@ class StopRequest:
     def _record(self, number, _frame):
         self.received = signal.Signals(number).name
 
-    def should_stop(self):
-        """Collective: True on every rank once any rank has been signalled."""
-        return collectives.any_rank_true(self.received is not None)
+    def poll(self):
+        """Collective: None, or which signal reached which rank, e.g. "SIGUSR1 (rank 1)".
 
-    def describe(self):
-        """Collective: which signal reached which rank, e.g. "SIGUSR1 (rank 1)"."""
-        # Horovod: every rank's signal, so the message names the one that got it.
-        received = hvd.allgather_object(self.received, name="stop_signal")
+        Horovod: the stop vote, one allreduce (Max) of a flag per rank; only when a rank was
+        signalled, every rank's signal, one allgather_object, so the line names the rank.
+        """
+        if not collectives.any_rank_true(self.received is not None, name="stop_signal.vote"):
+            return None
+        received = collectives.allgather_object(self.received, name="stop_signal")
         rank = next(r for r, name in enumerate(received) if name)
         return f"{received[rank]} (rank {rank})"
 

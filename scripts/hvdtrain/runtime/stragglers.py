@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import horovod.torch as hvd
 
 from hvdtrain.durations import SECTIONS, SectionTimer
 from hvdtrain.errors import STRAGGLER_EXIT, UsageError
 from hvdtrain.liveness import peers
+from hvdtrain.runtime import collectives
 from hvdtrain.runtime.metrics import WARMUP_STEPS
 from hvdtrain.launch.hosts import EXCLUDED_HOSTS_VAR  # noqa: F401 (EXCLUDED_HOSTS_VAR: stragglers.EXCLUDED_HOSTS_VAR)
 
@@ -126,27 +126,24 @@ def speed_without(table, rank):
     return (max(others) + transfer) / (max(busy) + transfer)
 
 
-def placement(rank):
-    """Where this rank runs: what a wrong node layout gets wrong (ranks per node, threads)."""
-    return {"rank": rank, "host": peers.this_host(), "node": peers.this_node(), "address": peers.node_addresses()[0],
-            "local_rank": hvd.local_rank(), "local_size": hvd.local_size(), "threads": torch.get_num_threads()}
-
-
 class StragglerWatch:
-    """Times this rank's steps and, every ``interval`` steps, scores every rank. Collective."""
+    """Reads this rank's step timings and, every ``interval`` steps, scores every rank. Collective."""
 
-    def __init__(self, settings, rank, size):
+    def __init__(self, settings, rank, size, timer=None, gather_placement=None):
+        """``timer``: the SectionTimer the trainer times its steps with; ``gather_placement()``: every
+        rank's host, node and address in rank order (dist.Context.placement: collective once per world)."""
         self.interval = settings.straggler_interval
         self.threshold = settings.straggler_threshold
         self.patience = settings.straggler_patience
         self.action = settings.straggler_action
-        self.timer = SectionTimer()
+        self.timer = timer or SectionTimer()
+        self.gather_placement = gather_placement
         self.new_world(rank, size)
 
     def new_world(self, rank, size):
         """A new world (a start, an --elastic reset): hosts, bests and streaks start over."""
         self.rank, self.size = rank, size
-        self.placement = None  # every rank's host, local rank and size, threads: gathered once per world
+        self.placement = None  # every rank's host, node and address: read once per world
         self.best_busy = None
         self.below = [0] * size  # intervals in a row below the threshold
         self.named = set()  # ranks already named, until they recover
@@ -154,7 +151,7 @@ class StragglerWatch:
         self.launch_steps = 0
         self.timer.reset()
 
-    def step_done(self, step):
+    def check(self, step):
         """After every step; every ``interval`` steps a collective. Returns a Straggler to act on, or None."""
         self.timer.steps += 1
         self.launch_steps += 1
@@ -182,11 +179,10 @@ class StragglerWatch:
 
     def _gather(self):
         if self.placement is None:
-            # Horovod: where every rank runs, once per world (a few bytes each)
-            self.placement = hvd.allgather_object(placement(self.rank), name="hvdtrain.stragglers.placement")
+            self.placement = self.gather_placement()  # Horovod: where every rank runs, once per world
         mine = torch.tensor([[self.timer.seconds[s] / self.timer.steps for s in SECTIONS]], dtype=torch.float64)
         # Horovod: every rank's seconds per step in each section, on every rank
-        gathered = hvd.allgather(mine, name="hvdtrain.stragglers.times")
+        gathered = collectives.allgather(mine, name="hvdtrain.stragglers.times")
         return [dict(zip(SECTIONS, row)) for row in gathered.tolist()]
 
     def _verdict(self, table):

@@ -1,2 +1,3 @@
-"""The training steps: one shape for both trainers (a Trainer with train_step and
-evaluate), and the optimiser pieces they use."""
+"""The training steps and what a loop needs around them: one shape for both trainers (a
+Trainer with forward_backward, step and evaluate), the world's arithmetic (batching.py),
+the CNN's epochs at any world size (epochs.py), and the optimiser pieces they use."""

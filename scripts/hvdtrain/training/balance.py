@@ -18,9 +18,10 @@ MIN_GAIN = 0.02  # a new split must shorten the predicted step by 2 %: timing no
 class Shares:
     """Samples per rank and step (a checkpoint component); equal to start with."""
 
-    def __init__(self, size, step_batch, minimum):
+    def __init__(self, size, step_batch, minimum, unit="samples"):
         self.shares = [step_batch] * size
         self.minimum = minimum  # one sample per backward pass
+        self.unit = unit  # what a share counts, for the log: samples, instances
         self.changes = 0
 
     def state_dict(self):
@@ -43,6 +44,11 @@ class Shares:
         self.shares[:] = proposed
         self.changes += 1
         return True
+
+
+    def change_line(self, step):
+        """The log's line for new shares."""
+        return f"--balance: {self.unit} per rank now {self.shares} (step {step})"
 
 
 def split(total, weights, minimum):

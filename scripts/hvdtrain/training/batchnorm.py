@@ -6,7 +6,8 @@ reported accuracy not the saved model's), while each rank keeps its own between
 epochs, so that a resumed run continues exactly like an uninterrupted one.
 """
 import torch
-import horovod.torch as hvd
+
+from hvdtrain.runtime import collectives
 
 
 def _statistics(model):
@@ -20,8 +21,7 @@ def average_statistics(model):
     buffers = [tensor for _, tensor in _statistics(model)]
     if buffers:
         # Horovod: one fused allreduce for all of them.
-        for tensor, value in zip(buffers, hvd.grouped_allreduce(buffers, op=hvd.Average,
-                                                                name="batchnorm_statistics")):
+        for tensor, value in zip(buffers, collectives.average_over_ranks(buffers, name="batchnorm_statistics")):
             tensor.copy_(value)
 
 

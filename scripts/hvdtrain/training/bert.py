@@ -1,9 +1,10 @@
-"""The BERT pretraining step: a Trainer with ``train_step``, the shape of training/cnn.py.
+"""The BERT pretraining step: a Trainer with ``forward_backward`` and ``step``, the shape of training/cnn.py.
 
-``train_step(batch, meter, guard)`` runs one optimizer update over ``batch``,
-the update's micro-batches (--accumulation-steps of them), and returns the
-sequences trained; scripts/pretrain_bert.py builds one with ``build``, and
-scripts/benchmark.py times the same step under Horovod, DDP and alone.
+``forward_backward(micro_batches, meter)`` runs an optimizer update's micro-batches
+(--accumulation-steps of them) and returns the sequences trained; ``step()``
+applies the update. scripts/pretrain_bert.py builds one, and scripts/benchmark.py
+times the same step under Horovod, DDP and alone. Also this rank's training data
+in the current world, the metrics' rows and results.json's summary.
 """
 import math
 from contextlib import nullcontext
@@ -13,13 +14,11 @@ from typing import Optional
 import torch
 
 from hvdtrain.data import bert_data, bert_elastic
+from hvdtrain.durations import UNTIMED
 from hvdtrain.errors import UsageError
 from hvdtrain.models import bert as bert_models
-from hvdtrain.runtime import collectives
-from hvdtrain.runtime.metrics import rate_text, total_throughput
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
-from hvdtrain.durations import UNTIMED
 from hvdtrain.training import optim
 
 
@@ -70,60 +69,77 @@ class BertState(TrainState):
     initial_mlm_loss: float = None
 
 
+def upgrade_checkpoint(saved):
+    """A checkpoint written by an earlier version, in today's layout (Checkpointer.restore's ``upgrade``):
+    until 2026-11 the position of --elastic, --global-batch and --balance was saved as "bert_position"."""
+    if "bert_position" in saved:
+        saved["position"] = saved.pop("bert_position")
+    return saved
+
+
 @dataclass
 class Trainer:
     model: torch.nn.Module
     objective: torch.nn.Module  # batch -> bert_models.pretraining_sums (the model, maybe under DDP)
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer  # Horovod's DistributedOptimizer (or a plain one: DDP, one process)
     scheduler: object
     scaler: object
     device: torch.device
     amp_dtype: object  # autocast dtype, or None for fp32
     passes: int  # micro-batches per optimizer update
     max_grad_norm: float
-    last_lr: float = 0.0  # the LR of the latest step
-    last_tokens: int = 0  # real (unpadded) tokens of the latest step
-    # --global-batch: micro-batches -> (masked tokens, sequences) of the step on every rank
+    guard: object = None  # a nonfinite.NonFiniteGuard: a NaN/Inf loss skips the update on every rank, or stops
+    timer: object = UNTIMED  # a durations.SectionTimer: data, compute, comm, optimizer
+    # --global-batch, --balance: micro-batches -> (masked tokens, sequences) of the step on every rank
     # (an allreduce); each loss is then its share of the global mean, and the gradients are summed.
     global_counts: object = None
+    last_lr: float = 0.0  # the LR of the latest step
+    last_tokens: int = 0  # real (unpadded) tokens of the latest step
 
     def components(self):
         """What a checkpoint saves of the step's parts."""
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
                 "scaler": self.scaler}
 
-    def train_step(self, batch, meter, guard=None, timer=UNTIMED):
-        """One optimizer update over the micro-batches in ``batch``; returns the sequences trained.
-
-        ``guard``: a nonfinite.NonFiniteGuard (a NaN/Inf loss skips the update
-        on every rank, or stops the run); ``timer``: a durations.SectionTimer
-        (``batch`` is read lazily: waiting for it is "data").
-        """
+    def forward_backward(self, micro_batches, meter):
+        """An update's forward and backward passes, one per micro-batch (read lazily: waiting for
+        one is "data"); their gradients add up and Horovod's allreduce starts after the last.
+        Their sums go into ``meter`` (taken back if the step is skipped). Returns the sequences."""
         sequences = tokens = 0
         self.last_lr = self.optimizer.param_groups[0]["lr"]
-        before = meter.state_dict()  # a skipped step adds nothing to the metrics
-        over, batch = None, timer.timed(batch, "data")
+        self._meter_before = (meter, meter.state_dict())  # a skipped step adds nothing to the metrics
+        over, micro_batches = None, self.timer.timed(micro_batches, "data")
         if self.global_counts is not None:  # the whole step read first: its counts divide every loss
-            batch = list(batch)
-            over = self.global_counts(batch)
-        for micro_batch in batch:
-            with timer.section("compute"):
-                sums = self.forward_backward(micro_batch, guard, over)
+            micro_batches = list(micro_batches)
+            over = self.global_counts(micro_batches)  # Horovod: the step's counts, an allreduce
+        for micro_batch in micro_batches:
+            with self.timer.section("compute"):
+                sums = self._micro_batch(micro_batch, over)
             meter.add("mlm_loss", sums["mlm_loss"], sums["mlm_count"])
             meter.add("mlm_accuracy", sums["mlm_correct"], sums["mlm_count"])
             meter.add("nsp_loss", sums["nsp_loss"], sums["nsp_count"])
             meter.add("nsp_accuracy", sums["nsp_correct"], sums["nsp_count"])
             sequences += sums["nsp_count"]
             tokens += int(micro_batch["attention_mask"].sum())
-        # Horovod: the gradients are averaged here; False: skipped on every rank (a NaN/Inf loss)
-        if not optim.finish_step(self.optimizer, self.scaler, self.max_grad_norm, self.model.parameters(),
-                                 guard, timer):
-            meter.load_state_dict(before)
-        self.scheduler.step()  # a skipped step moves the schedule on too, as GradScaler's do
         self.last_tokens = tokens
         return sequences
 
-    def forward_backward(self, micro_batch, guard, over=None):
+    def step(self):
+        """The update after ``forward_backward``; False when it was skipped on every rank.
+
+        Horovod: ``optimizer.synchronize()`` waits for the averaged gradients, then the ranks'
+        NaN/Inf vote (one allreduce) skips the update on every rank or none; clipping and the
+        step follow (optim.finish_step). The schedule moves on either way, as GradScaler's skips do.
+        """
+        stepped = optim.finish_step(self.optimizer, self.scaler, self.max_grad_norm, self.model.parameters(),
+                                    self.guard, self.timer)
+        if not stepped:
+            meter, before = self._meter_before
+            meter.load_state_dict(before)
+        self.scheduler.step()
+        return stepped
+
+    def _micro_batch(self, micro_batch, over=None):
         """One micro-batch's pretraining sums; its backward pass adds to the gradients.
 
         ``over``: the step's global counts (see ``global_counts``), or None: a mean per micro-batch.
@@ -132,8 +148,8 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext():
             sums = self.objective(micro_batch)
         loss = bert_models.training_loss(sums) / self.passes if over is None else bert_models.training_loss(sums, over)
-        if guard is not None:
-            loss = guard.watch(loss)
+        if self.guard is not None:
+            loss = self.guard.watch(loss)
         self.scaler.scale(loss).backward()  # Horovod: the allreduce starts after the last micro-batch
         return sums
 
@@ -184,11 +200,6 @@ def training_data(settings, metadata, ctx, position=None, shares=None):
     return data
 
 
-def global_batch(settings, size):
-    """Instances per optimizer step over all ranks: --global-batch, or batch x accumulation x ranks."""
-    return settings.global_batch or settings.step_batch * size
-
-
 def step_counts(allreduce):
     """``Trainer.global_counts`` over ``allreduce`` (a float64 tensor summed over the ranks)."""
     def counts(micro_batches):
@@ -199,40 +210,36 @@ def step_counts(allreduce):
     return counts
 
 
-def log_row(run, meter, lr):
-    values = meter.reduce("bert")  # Horovod: exact averages over every rank's tokens
+def log_row(state, meter, lr):
+    """The metrics row of the steps since the last: exact averages over every rank's tokens
+    (collective: one allreduce of the sums)."""
+    values = meter.reduce("bert")  # Horovod: the sums and counts of every rank, an allreduce
     meter.reset()
-    state = run.state
-    row = {"step": state.step, "epoch": state.epoch, "lr": lr, **values,
-           "mlm_perplexity": math.exp(min(values["mlm_loss"], 50.0))}
-    run.log.record(row, state.step)
-    run.log.info(f"step {state.step:>6} | mlm loss {values['mlm_loss']:.4f} acc {values['mlm_accuracy']:.3f} | "
-                 f"nsp loss {values['nsp_loss']:.4f} acc {values['nsp_accuracy']:.3f} | lr {lr:.3g}")
-    return row
+    return {"step": state.step, "epoch": state.epoch, "lr": lr, **values,
+            "mlm_perplexity": math.exp(min(values["mlm_loss"], 50.0))}
 
 
-def results(run, tokens):
-    seq_total, seq_per_worker = run.rates()
-    tok_total, tok_per_worker = total_throughput(tokens.launch_rate() or tokens.window_rate())
-    state, last, settings = run.state, run.state.last_row, run.settings
-    return {"steps": state.step, "total_steps": settings.steps, "world_size": run.ctx.size,
+def row_line(row):
+    return (f"step {row['step']:>6} | mlm loss {row['mlm_loss']:.4f} acc {row['mlm_accuracy']:.3f} | "
+            f"nsp loss {row['nsp_loss']:.4f} acc {row['nsp_accuracy']:.3f} | lr {row['lr']:.3g}")
+
+
+def results(state, settings, batching, sequences, tokens):
+    """results.json: the latest metrics row, this launch's throughput (``sequences``, ``tokens``: its
+    Throughputs, summed over the ranks here: two allreduces)."""
+    seq_total, seq_per_worker = sequences.launch_rates(batching.size)
+    tok_total, tok_per_worker = tokens.launch_rates(batching.size)
+    last = state.last_row
+    return {"steps": state.step, "total_steps": settings.steps, "world_size": batching.size,
             "initial_mlm_loss": state.initial_mlm_loss, "final_mlm_loss": last.get("mlm_loss"),
             "mlm_accuracy": last.get("mlm_accuracy"), "mlm_perplexity": last.get("mlm_perplexity"),
             "nsp_loss": last.get("nsp_loss"), "nsp_accuracy": last.get("nsp_accuracy"),
             "sequences_per_sec": seq_total, "sequences_per_sec_per_worker": seq_per_worker,
             "tokens_per_sec": tok_total, "tokens_per_sec_per_worker": tok_per_worker,
-            "global_batch": global_batch(settings, run.ctx.size)}
+            "global_batch": batching.global_batch}
 
 
-def finish(run, tokens, model, metadata):
-    """results.json and the Hugging Face export of the trained model."""
-    summary = {**results(run, tokens), "completed": True}
-    with run.ctx.watchdog.phase("exporting the model"):
-        if run.ctx.is_main:
-            tokenizer = bert_data.load_tokenizer(run.settings.data, metadata)
-            summary["export_dir"] = str(bert_models.export(model, tokenizer, run.settings.export_dir))
-            run.log.info(f"exported a Hugging Face model to {run.settings.export_dir}")
-        collectives.all_ranks_true(True)  # the other ranks wait here, inside the phase
-    run.write_results(summary)
-    run.log.info(f"finished at step {run.state.step}: {rate_text(summary['sequences_per_sec'], 'sequences')}, "
-                 f"{rate_text(summary['tokens_per_sec'], 'tokens', 0)} on {run.ctx.size} rank(s)")
+def export(model, settings, metadata):
+    """The Hugging Face model directory (--export-dir), with the data's tokenizer; its path."""
+    tokenizer = bert_data.load_tokenizer(settings.data, metadata)
+    return str(bert_models.export(model, tokenizer, settings.export_dir))

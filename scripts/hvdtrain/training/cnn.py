@@ -1,11 +1,11 @@
-"""The CNN training step: a Trainer with ``train_step`` and ``evaluate``.
+"""The CNN training step: a Trainer with ``forward_backward``, ``step`` and ``evaluate``.
 
-The same shape as training/bert.py: a dataclass of the parts (model, Horovod's
-DistributedOptimizer, scheduler, scaler), ``train_step(batch, meter, guard)``
-running one optimizer step and returning the samples it trained, and
-``components()`` naming what a checkpoint holds. scripts/train_cnn.py builds
-one; scripts/benchmark.py times the same step under Horovod, DDP and alone.
-Also the script's argument checks, data facts and results.json summary.
+The same shape as training/bert.py: a dataclass of the step's parts (model,
+Horovod's DistributedOptimizer, scaler, the NaN/Inf guard, the section timer);
+the loop calls ``forward_backward(batch, meter)`` then ``step()`` for one
+optimizer step. scripts/train_cnn.py builds one; scripts/benchmark.py times the
+same step under Horovod, DDP and alone. Also the script's argument checks, the
+world's arithmetic (``batching``), data facts and results.json summary.
 """
 import os
 from dataclasses import dataclass
@@ -14,19 +14,17 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import horovod.torch as hvd
 
 from hvdtrain.data import images
-from hvdtrain.data.sampling import (BalancedSampler, ElasticBatchSampler, ShardedSampler, UnpaddedShardSampler,
-                                    global_steps)
+from hvdtrain.durations import UNTIMED
 from hvdtrain.errors import UsageError
 from hvdtrain.models import resnet
 from hvdtrain.runtime import consistency, dist, elastic, precision
 from hvdtrain.runtime.metrics import SumMeter, topk_correct
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
-from hvdtrain.durations import UNTIMED
-from hvdtrain.training import loaders, optim
+from hvdtrain.training import optim
+from hvdtrain.training.batching import Batching
 
 
 @dataclass(frozen=True)
@@ -54,16 +52,16 @@ class CnnSettings(RunSettings):
     gradient_predivide_factor: float
     precision: str  # resolved: fp32, bf16 or fp16 (runtime/precision.py; auto: fp16 on CUDA)
     channels_last: bool  # resolved: on with CUDA
-    scaled_lr: float  # the LR used: used_lr()
     train_samples: int
     num_classes: int
     balance: bool  # --balance: shares of the global batch follow the ranks' speed
 
     def resize_consequence(self, old_size):
-        """Without --global-batch the LR follows the global batch (used_lr)."""
+        """Without --global-batch the LR follows the global batch (``batching``)."""
         if self.use_adasum:
             return ""
-        return f" and the LR from {scaled_lr(self, old_size):g} to {scaled_lr(self, self.world_size):g}"
+        old, new = (Batching.of(self, size, lr_scale=linear_scaling(self)).lr for size in (old_size, self.world_size))
+        return f" and the LR from {old:g} to {new:g}"
 
     @classmethod
     def saved_as_now(cls, saved):
@@ -96,7 +94,7 @@ def check_args(args, ctx):
         raise UsageError(f"--data is not used with --dataset {args.dataset}")
     cuda = ctx.device.type == "cuda"
     chosen = precision.resolve(args.precision, ctx.device.type, cuda_auto="fp16")  # fp16 needs CUDA
-    if args.use_adasum and not hvd.mpi_enabled():
+    if args.use_adasum and not dist.mpi_controller():
         raise UsageError("--use-adasum needs MPI: launch with mpirun or horovodrun --mpi, not --gloo")
     if chosen.scaler and args.use_adasum:
         raise UsageError("--use-adasum does not support fp16 (GradScaler must see averaged gradients)")
@@ -120,30 +118,41 @@ def data_facts(args, train_set, val_set):
 class CnnState(TrainState):
     """Where training stands (a checkpoint component), and the best validation top-1 so far."""
     best_top1: float = 0.0
-    # The epoch's samples trained (a prefix of its order, sampling.ShardedSampler), at whatever world
-    # sizes: where a resumed epoch goes on. Under --elastic and --global-batch: ElasticPosition's.
+    # The epoch's position: its samples trained (a prefix of its order, data/sampling.py), at
+    # whatever world sizes; where a resumed epoch goes on (training/epochs.py).
     epoch_samples: int = 0
-
-    def load_state_dict(self, state):
-        # A checkpoint from before epoch_samples: steps of the checkpoint's global batch (resume_position).
-        super().load_state_dict({"epoch_samples": None, **state})
 
     def next_epoch(self):
         super().next_epoch()
         self.epoch_samples = 0
 
 
-def resume_position(state, settings, saved_world_size):
-    """A checkpoint from before ``epoch_samples``: its epoch's steps were all of its own size."""
-    if state.epoch_samples is None:
-        state.epoch_samples = state.step_in_epoch * saved_world_size * settings.step_batch
+def upgrade_checkpoint(saved):
+    """A checkpoint written by an earlier version, in today's layout (Checkpointer.restore's ``upgrade``).
+
+    Until 2026-11, --elastic and --global-batch kept their position apart, "elastic_position"
+    {samples, totals}: its samples are the train state's ``epoch_samples`` now (plain runs
+    counted them there already), its metric totals "epoch_sums". Before ``epoch_samples``
+    existed, an epoch's steps were all of the checkpoint's own size.
+    """
+    state = saved["train_state"]
+    if "elastic_position" in saved:
+        position = saved.pop("elastic_position")
+        state["epoch_samples"] = position["samples"]
+        saved["epoch_sums"] = {"totals": position["totals"]}
+    saved.setdefault("epoch_sums", {"totals": {}})
+    if state.get("epoch_samples") is None:
+        settings = saved["settings"]
+        state["epoch_samples"] = (state["step_in_epoch"] * settings["world_size"] * settings["batch_size"]
+                                  * settings["accumulation_steps"])
+    return saved
 
 
 @dataclass
 class Trainer:
     model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: object
+    optimizer: torch.optim.Optimizer  # Horovod's DistributedOptimizer (or a plain one: DDP, one process)
+    scheduler: object  # its LR is set before each step (training/epochs.py); it counts the steps
     scaler: object
     criterion: nn.Module
     device: torch.device
@@ -151,13 +160,10 @@ class Trainer:
     channels_last: bool
     passes: int  # backward passes per optimizer step
     adasum: bool
+    guard: object = None  # a nonfinite.NonFiniteGuard: a NaN/Inf loss skips (or stops) on every rank
+    timer: object = UNTIMED  # a durations.SectionTimer: compute, comm, optimizer
+    sum_over: Optional[int] = None  # --balance, --global-batch: the global batch; Horovod sums the gradients
     last_lr: float = 0.0  # the LR of the latest step
-    sum_over: Optional[int] = None  # --balance: the global batch; Horovod sums the gradients
-
-    def components(self):
-        """What a checkpoint saves of the step's parts."""
-        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
-                "scaler": self.scaler}
 
     def to_device(self, images_batch, targets):
         layout = torch.channels_last if self.channels_last else torch.preserve_format
@@ -170,43 +176,46 @@ class Trainer:
         dtype = precision.DTYPES[self.precision]
         return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
 
-    def train_step(self, batch, meter, guard=None, timer=UNTIMED):
-        """One optimizer step on ``batch`` = (images, targets); returns the samples trained.
-
-        ``guard``: a nonfinite.NonFiniteGuard (skips or stops on NaN/Inf);
-        ``timer``: a durations.SectionTimer (compute, comm, optimizer).
-        """
-        with timer.section("compute"):
+    def forward_backward(self, batch, meter):
+        """A step's forward and backward passes on this rank's ``batch`` (images, targets): ``passes``
+        of them, whose gradients add up; Horovod's allreduce starts during the last. Their loss and
+        top-1 sums go into ``meter`` (taken back if the step is skipped). Returns the samples."""
+        with self.timer.section("compute"):
             images_batch, targets = self.to_device(*batch)
-            before = meter.state_dict()  # a skipped step adds nothing to the metrics
-            self.forward_backward(images_batch, targets, meter, guard)
-        self.last_lr = self.optimizer.param_groups[0]["lr"]
-        if self.adasum:
-            # Horovod: Adasum already stepped locally during backward; step()
-            # combines the ranks' weight deltas.
-            with timer.section("comm"):
-                self.optimizer.step()
-            self.optimizer.zero_grad()
-            if guard is not None:
-                guard.skip_step(can_skip=False)  # too late to skip: a non-finite loss stops the run
-        # Horovod: the allreduce finishes here; False: skipped on every rank (a NaN/Inf loss)
-        elif not optim.finish_step(self.optimizer, self.scaler, guard=guard, timer=timer):
-            meter.load_state_dict(before)
-        self.scheduler.step()  # a skipped step moves the schedule on too, as GradScaler's do
+            self._meter_before = (meter, meter.state_dict())  # a skipped step adds nothing to the metrics
+            # tensor_split: always `passes` pieces, also of an --elastic step's uneven batch.
+            for x, y in zip(images_batch.tensor_split(self.passes), targets.tensor_split(self.passes)):
+                with self.autocast():
+                    logits = self.model(x)
+                    loss = self.criterion(logits, y)
+                if self.guard is not None:
+                    loss = self.guard.watch(loss)
+                self.scaler.scale(loss * self.loss_scale(len(y))).backward()
+                meter.add("train_loss", loss.detach().float() * len(y), len(y))
+                meter.add("train_top1", topk_correct(logits, y, (1,))[0], len(y))
         return len(targets)
 
-    def forward_backward(self, images_batch, targets, meter, guard):
-        """The backward passes of one step; Horovod's allreduce starts during the last."""
-        # tensor_split: always `passes` pieces, also of an --elastic step's uneven batch.
-        for x, y in zip(images_batch.tensor_split(self.passes), targets.tensor_split(self.passes)):
-            with self.autocast():
-                logits = self.model(x)
-                loss = self.criterion(logits, y)
-            if guard is not None:
-                loss = guard.watch(loss)
-            self.scaler.scale(loss * self.loss_scale(len(y))).backward()
-            meter.add("train_loss", loss.detach().float() * len(y), len(y))
-            meter.add("train_top1", topk_correct(logits, y, (1,))[0], len(y))
+    def step(self):
+        """The optimizer step after ``forward_backward``; False when it was skipped on every rank.
+
+        Horovod: ``optimizer.synchronize()`` waits for the averaged gradients, then the ranks'
+        NaN/Inf vote (one allreduce, NonFiniteGuard.skip_step) skips the step on every rank or
+        none (optim.finish_step); Adasum steps during backward and combines the ranks' updates here.
+        """
+        self.last_lr = self.optimizer.param_groups[0]["lr"]
+        stepped = True
+        if self.adasum:
+            with self.timer.section("comm"):
+                self.optimizer.step()
+            self.optimizer.zero_grad()
+            if self.guard is not None:
+                self.guard.skip_step(can_skip=False)  # too late to skip: a non-finite loss stops the run
+        elif not optim.finish_step(self.optimizer, self.scaler, guard=self.guard, timer=self.timer):
+            meter, before = self._meter_before
+            meter.load_state_dict(before)
+            stepped = False
+        self.scheduler.step()  # a skipped step moves the schedule on too, as GradScaler's do
+        return stepped
 
     def loss_scale(self, samples):
         """Horovod: gradients of `passes` backward calls add up locally, then one allreduce
@@ -241,84 +250,49 @@ def build_model(settings, ctx, num_classes, channels):
     return model.to(ctx.device, memory_format=layout)
 
 
-def build_optimizer(settings, model):
-    """SGD with momentum, no weight decay on biases and BatchNorm, at the used (scaled) LR."""
-    return torch.optim.SGD(optim.decay_groups(model, settings.weight_decay), lr=settings.scaled_lr,
+def build_optimizer(settings, model, lr):
+    """SGD with momentum, no weight decay on biases and BatchNorm, at ``lr`` (Batching.lr)."""
+    return torch.optim.SGD(optim.decay_groups(model, settings.weight_decay), lr=lr,
                            momentum=settings.momentum, nesterov=settings.nesterov and settings.momentum > 0)
 
 
 def build_schedule(settings, optimizer, schedule_length):
-    """Warmup, then cosine or step decay; ``schedule_length``: steps per epoch (samples under --elastic)."""
+    """Warmup, then cosine or step decay; ``schedule_length``: the schedule's units in an epoch
+    (steps, or samples: training/epochs.py sets the LR from the samples trained)."""
     return optim.warmup_then_decay(
         optimizer, round(settings.warmup_epochs * schedule_length), settings.epochs * schedule_length,
         decay=settings.lr_decay, milestones=[round(m * schedule_length) for m in settings.lr_milestones],
         gamma=settings.lr_gamma)
 
 
-def global_batch(settings, size):
-    """Samples per optimizer step over all ranks: --batch-size x accumulation x workers, or the
-    fixed --global-batch (the same at every world size)."""
-    return settings.global_batch or size * settings.batch_size * settings.accumulation_steps  # also of args
+def batching(settings, ctx):
+    """This world's arithmetic (training/batching.py): the global batch, and the LR it trains at.
 
-
-def scaled_lr(settings, size):
-    """--lr is per --batch-size samples: the LR of the global batch at ``size`` ranks."""
-    return settings.lr * global_batch(settings, size) / settings.batch_size
-
-
-def steps_per_epoch(settings, size, samples):
-    """An epoch's steps at ``size`` ranks: whole global batches (ShardedSampler), or under
-    --elastic and --global-batch the last step taking what is left (sampling.global_steps)."""
-    if settings.global_position:
-        return len(global_steps(0, samples, global_batch(settings, size), size * settings.accumulation_steps))
-    return samples // global_batch(settings, size)
-
-
-def used_lr(settings, ctx):
-    """Horovod: the global batch grows with the workers, so does the LR (Goyal et al.).
-
-    Adasum adapts to the gradients itself; as in Horovod's ImageNet example it
-    scales by the local GPUs only, where NCCL sums them before Adasum runs.
+    Horovod: the global batch grows with the workers, so does the LR (Goyal et al.);
+    --global-batch keeps both. Adasum adapts to the gradients itself; as in Horovod's
+    ImageNet example it scales by the local GPUs only, where NCCL sums them before
+    Adasum runs.
     """
-    passes = settings.accumulation_steps
     if not settings.use_adasum:
-        return scaled_lr(settings, ctx.size)
-    local = ctx.local_size if ctx.device.type == "cuda" and hvd.nccl_built() else 1
-    return settings.lr * passes * local
+        return Batching.of(settings, ctx.size, lr_scale=linear_scaling(settings))
+    local = ctx.local_size if ctx.device.type == "cuda" and dist.nccl_built() else 1
+    return Batching.of(settings, ctx.size, lr_scale=lambda _: settings.accumulation_steps * local)
 
 
-def make_loaders(settings, ctx, train_set, val_set, shares=None):
-    """(sampler, train loader, val loader) for this rank in the current world.
-
-    Rank r trains its own shard of each epoch's order (--elastic, --global-batch: its slice of
-    each step's samples; --balance: its share, ``shares``) and validates its own share of the val set.
-    """
-    if shares is not None:
-        sampler = BalancedSampler(len(train_set), ctx.rank, shares.shares, settings.seed)
-    elif settings.global_position:
-        sampler = ElasticBatchSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed,
-                                      global_batch=settings.global_batch,
-                                      min_share=settings.accumulation_steps)
-    else:
-        sampler = ShardedSampler(len(train_set), ctx.rank, ctx.size, settings.step_batch, settings.seed)
-    cuda = ctx.device.type == "cuda"
-    whole_batches = settings.global_position or shares is not None  # the sampler yields each step's indices
-    train_loader = loaders.make_loader(train_set, sampler, None if whole_batches else settings.step_batch,
-                                       settings.workers, cuda)
-    val_loader = loaders.make_loader(val_set, UnpaddedShardSampler(len(val_set), ctx.rank, ctx.size),
-                                     2 * settings.batch_size, settings.workers, cuda)
-    return sampler, train_loader, val_loader
+def linear_scaling(settings):
+    """--lr is per --batch-size samples: the LR grows with the global batch."""
+    return lambda global_batch: global_batch / settings.batch_size
 
 
-def results(run, seconds):
-    """results.json: the saved model's latest metrics, this launch's throughput."""
-    settings, state, row = run.settings, run.state, run.state.last_row
-    total_rate, per_worker = run.rates()
+def results(state, settings, batching, rates, seconds):
+    """results.json: the saved model's latest metrics, this launch's throughput (``rates``: Throughput.launch_rates)."""
+    row = state.last_row
+    total_rate, per_worker = rates
     summary = {key: row.get(key) for key in ("val_top1", "val_top5", "val_loss", "train_loss", "train_top1")}
     summary.update(images_per_sec=total_rate or row.get("images_per_sec", 0.0),
                    images_per_sec_per_worker=per_worker or row.get("images_per_sec_per_worker", 0.0),
-                   world_size=run.ctx.size, epochs=row.get("epoch", 0), steps=state.step, model=settings.model,
+                   world_size=batching.size, epochs=row.get("epoch", 0), steps=state.step, model=settings.model,
                    dataset=settings.dataset, batch_size=settings.batch_size,
-                   global_batch_size=global_batch(settings, run.ctx.size), lr=used_lr(settings, run.ctx),
+                   global_batch_size=batching.global_batch, lr=batching.lr,
                    best_val_top1=state.best_top1, seconds=seconds)
     return summary

@@ -162,3 +162,18 @@ def warmup_then_decay(optimizer, warmup_steps, total_steps, decay="cosine",
         return 1.0
 
     return LambdaLR(optimizer, factor)
+
+
+def set_schedule_at(scheduler, progress, peak_lr):
+    """Set ``scheduler``'s LR for ``progress`` (in its units: steps or samples) at ``peak_lr``.
+
+    The CNN sets its LR before every step from the samples trained (training/epochs.py):
+    a step's length in samples changes with the world size under --elastic, the schedule
+    must not, and the peak LR follows the size (Goyal et al.'s scaling) from the first
+    step of a new world. The same values a LambdaLR stepped once per step gives.
+    """
+    scheduler.base_lrs = [peak_lr] * len(scheduler.base_lrs)
+    scheduler.last_epoch = progress
+    for group, factor in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas):
+        group["lr"] = peak_lr * factor(progress)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
