@@ -12,14 +12,23 @@
 # Stages, each timed: what travels (the working tree and DIR, at most 64 MiB); the machine; Horovod
 # built with the project's patch into the running Python (Gloo as the controller, no MPI; NCCL for
 # the GPU collectives; CUDA kernels for the GPUs present only); `horovodrun --check-build`; the
-# `gpu` tests (tests/test_gpu.py); then the figures: benchmark.py train (the trainers' own steps on
-# synthetic data, warm-up left out) for ResNet-50 at 224 px with AMP and BERT-large phase 1
-# (sequence 128, bf16), each with and without --compile; BERT-large's optimizer step alone against
-# torch's fused AdamW (tools/measure_optimizer_step.py); two ranks sharing the one GPU.
+# `gpu` tests (tests/test_gpu.py); then the figures: BERT-large's optimizer step alone, LAMB
+# multi-tensor and compiled (training/lamb_fused.py) against torch's fused AdamW
+# (tools/measure_optimizer_step.py; first, so that the BERT runs find the compiled LAMB in
+# Inductor's cache); benchmark.py train (the trainers' own steps on synthetic data, warm-up and
+# compilation left out) for ResNet-50 at 224 px with AMP and BERT-large phase 1 (sequence 128,
+# bf16; LAMB compiled, the default on CUDA), each with and without --compile; BERT-large phase 1
+# again with the multi-tensor LAMB (HVDTRAIN_LAMB_FUSED=0), the end-to-end comparison; two ranks
+# sharing the one GPU. The summary ends with each figure against NVIDIA's A100 and the two LAMBs'
+# BERT-large figures side by side.
+# GPU_TESTS=0 leaves the gpu tests out and COMPILE_FIGURES=0 the --compile runs: the LAMB figures
+# alone fit a short lease (expected 7-8 minutes with the build; not yet run on a GPU):
+#   GPU_TESTS=0 COMPILE_FIGURES=0 BUILD_TIMEOUT=200 MEASURE_TIMEOUT=200 WHEELHOUSE=.gpu bash tools/gpu_check.sh $OUT
 # LOG_DIR (default: $OUT, else /tmp/gpu-check) receives at most 8 files (what a device call returns):
 # machine.log, build.log, gpu-tests.log, measure.log, figures.json, optimizer-step.json, summary.txt.
 # DRY_RUN=1 runs every stage it can on a CPU: no build (the installed Horovod), the gpu tests
-# deselected, the figures with the smallest models and one timed step, no --compile.
+# deselected, the figures with the smallest models and one timed step, no --compile, and no
+# second LAMB (on a CPU the default is the multi-tensor one; the compiled one is tests/test_lamb.py's).
 # Ran on a lent NVIDIA H200 on 2026-11-27 (Python 3.12.3, torch 2.11.0+cu130, nvcc 13.0, GCC 13.3,
 # CMake 4.4): build 116 s, the 9 gpu tests passed in 135 s; again the same day with the figures:
 # 508 s in all (the optimizer stage came after that run). Results in docs/performance.md ("The GPU check").
@@ -93,11 +102,16 @@ step check-build build.log horovodrun --check-build && sed -n '/check-build/,$p'
 # The tests as CI runs them (a missing component fails), on the GPUs here. Without a GPU all are
 # deselected: pytest's status 5 (nothing ran) is then the expected one.
 [ "$DRY_RUN" = 1 ] && : "${TEST_WORKERS:=0}"  # nothing to run side by side
-CI=true step gpu-tests gpu-tests.log timeout "${TESTS_TIMEOUT:-1800}" $PYTHON -m pytest -m gpu -v \
-    -p no:cacheprovider -o addopts= -n "${TEST_WORKERS:-3}" --durations=15 tests/test_gpu.py
-tests=$?
-[ "$DRY_RUN" = 1 ] && [ $tests -eq 5 ] && tests=0
-grep -E "PASSED|FAILED|ERROR|passed|failed|deselected" "$LOGS/gpu-tests.log" | tail -20
+if [ "${GPU_TESTS:-1}" = 0 ]; then
+    say "gpu-tests: left out (GPU_TESTS=0)"
+    tests=0
+else
+    CI=true step gpu-tests gpu-tests.log timeout "${TESTS_TIMEOUT:-1800}" $PYTHON -m pytest -m gpu -v \
+        -p no:cacheprovider -o addopts= -n "${TEST_WORKERS:-3}" --durations=15 tests/test_gpu.py
+    tests=$?
+    [ "$DRY_RUN" = 1 ] && [ $tests -eq 5 ] && tests=0
+    grep -E "PASSED|FAILED|ERROR|passed|failed|deselected" "$LOGS/gpu-tests.log" | tail -20
+fi
 
 # The figures: one rank on the GPU, the trainers' steps (benchmark.py train), warm-up left out.
 if [ "$DRY_RUN" = 1 ]; then
@@ -109,6 +123,7 @@ else
     BERT=(--model bert-large --precision bf16 --seq-length 128 --vocab-size 30522 --batch-size 64)
     TIMING=(--warmup-steps 10 --windows 3 --window-steps 10) COMPILE=(--compile) SHARED=("${CNN[@]}")
     OPTIMIZER=(--model bert-large --steps 20)
+    [ "${COMPILE_FIGURES:-1}" = 0 ] && COMPILE=()
 fi
 measure() {  # measure NAME NP ARGS...: one benchmark.py train run into LOGS/NAME.json (gathered below)
     local name=$1 np=$2
@@ -116,16 +131,21 @@ measure() {  # measure NAME NP ARGS...: one benchmark.py train run into LOGS/NAM
     step "$name" measure.log timeout "${MEASURE_TIMEOUT:-300}" horovodrun -np "$np" --gloo \
         $PYTHON scripts/benchmark.py train "$@" "${TIMING[@]}" --output "$WORK/$name.json"
 }
+# The optimizer step alone against torch's fused AdamW (the memory-bound pass every Adam-family
+# step makes): LAMB multi-tensor and compiled (both on CUDA), BERT-large's 398 tensors, no forward
+# or backward pass. First: the BERT runs below then load the compiled LAMB from Inductor's cache.
+step optimizer-step measure.log timeout "${MEASURE_TIMEOUT:-300}" $PYTHON tools/measure_optimizer_step.py \
+    "${OPTIMIZER[@]}" --output "$LOGS/optimizer-step.json" \
+    && tail -n 8 "$LOGS/measure.log" | grep -E "^(bert-|lamb|adamw)" | tee -a "$LOGS/summary.txt"
 measure resnet50-amp 1 "${CNN[@]}"
-measure bert-large-phase1 1 "${BERT[@]}"
+measure bert-large-phase1 1 "${BERT[@]}"  # LAMB compiled: the default on CUDA
+if [ "$DRY_RUN" != 1 ]; then  # the same with the multi-tensor LAMB: the end-to-end comparison
+    HVDTRAIN_LAMB_FUSED=0 measure bert-large-phase1-lamb-multi-tensor 1 "${BERT[@]}"
+fi
 if [ ${#COMPILE[@]} -gt 0 ]; then
     measure resnet50-amp-compile 1 "${CNN[@]}" "${COMPILE[@]}"
     measure bert-large-phase1-compile 1 "${BERT[@]}" "${COMPILE[@]}"
 fi
-# The optimizer step alone against torch's fused AdamW (the memory-bound pass every Adam-family
-# step makes): LAMB's multi-tensor ops, BERT-large's 398 tensors, no forward or backward pass.
-step optimizer-step measure.log timeout "${MEASURE_TIMEOUT:-300}" $PYTHON tools/measure_optimizer_step.py \
-    "${OPTIMIZER[@]}" --output "$LOGS/optimizer-step.json" && grep -A3 "^bert-" "$LOGS/measure.log" | tail -4 | tee -a "$LOGS/summary.txt"
 # Two ranks on one GPU: dist.init refuses them with one line (exit 2) before NCCL would; said here.
 measure two-ranks-one-gpu 2 "${SHARED[@]}" || say "two ranks on one GPU: $(grep -m1 -iE 'error|duplicate' "$LOGS/measure.log" | cut -c1-200)"
 $PYTHON - "$WORK" "$LOGS/figures.json" "$DRY_RUN" <<'PY' | tee -a "$LOGS/summary.txt"
@@ -140,9 +160,13 @@ for path in sorted(work.glob("*.json")):
     figures[path.stem] = {"median": result["total"]["median"], "unit": result["unit"],
                           "per_worker": result["per_worker"]["median"], "environment": result.get("environment")}
 for name, figure in figures.items():
-    reference = A100.get(name.replace("-compile", ""))
+    reference = A100.get(name.replace("-compile", "").replace("-lamb-multi-tensor", ""))
     against = f", {figure['median'] / reference:.2f} x NVIDIA's A100 figure ({reference})" if reference and not dry else ""
     print(f"[gpu-check] {name}: {figure['median']:.1f} {figure['unit']}{against}")
+compiled, multi = figures.get("bert-large-phase1"), figures.get("bert-large-phase1-lamb-multi-tensor")
+if compiled and multi:
+    print(f"[gpu-check] BERT-large phase 1, LAMB compiled against multi-tensor: {compiled['median']:.1f} against "
+          f"{multi['median']:.1f} {compiled['unit']} ({compiled['median'] / multi['median']:.2f} x)")
 out.write_text(json.dumps({"dry_run": dry, "figures": figures, "a100_reference": A100}, indent=1))
 PY
 say "total: $((SECONDS - STARTED)) s; gpu tests exit $tests"

@@ -72,26 +72,58 @@ class LAMB(torch.optim.Optimizer):
     its kernel computes ``ratio = lr`` unless ``use_nvlamb || decay != 0``
     (NVIDIA/apex csrc/multi_tensor_lamb.cu, LAMBStage2Functor; the flag is
     apex/optimizers/fused_lamb.py's ``use_nvlamb``). ``nvlamb=True`` applies the
-    trust ratio to every tensor, as FusedLAMB(use_nvlamb=True) does. The flag is
-    an attribute, not a group setting, so state dicts keep their format.
+    trust ratio to every tensor, as FusedLAMB(use_nvlamb=True) does.
     FusedLAMB also clips the global gradient norm itself; here the caller does.
+
+    ``fused``: the step compiled into a few kernels per group (training/lamb_fused.py);
+    None (the default) takes it for CUDA parameters, or as HVDTRAIN_LAMB_FUSED says
+    (1: everywhere, 0: nowhere). Otherwise one multi-tensor op per formula (CPU default).
+
+    ``nvlamb`` and ``fused`` are settings of the optimizer, not of its groups, so state
+    dicts keep their format (state_dict leaves them out; load_state_dict keeps them).
+    Horovod's DistributedOptimizer builds a subclass and runs ``__init__`` again with
+    this optimizer's param_groups alone: the settings travel in those groups' dicts.
     """
 
+    _SETTINGS = "lamb_settings"  # the key in each param group's dict (see state_dict)
+
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
-                 nvlamb=False):
+                 nvlamb=None, fused=None):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
-        self.nvlamb = nvlamb
+        carried = next((group[self._SETTINGS] for group in self.param_groups if self._SETTINGS in group), {})
+        self.nvlamb = bool(carried.get("nvlamb", False) if nvlamb is None else nvlamb)
+        self.fused = carried.get("fused") if fused is None else fused
+        self._carry_settings()
+
+    def _carry_settings(self):
+        for group in self.param_groups:
+            group[self._SETTINGS] = {"nvlamb": self.nvlamb, "fused": self.fused}
+
+    def state_dict(self):
+        state = super().state_dict()
+        for group in state["param_groups"]:
+            group.pop(self._SETTINGS, None)
+        return state
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        self._carry_settings()
 
     @torch.no_grad()
     def step(self, closure=None):
+        from hvdtrain.training import lamb_fused  # here: the class is all of this module that uses it
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
             params = [parameter for parameter in group["params"] if parameter.grad is not None]
-            if params:
+            if not params:
+                continue
+            if lamb_fused.wanted(self.fused, params[0].device):
+                self._fused_step_group(group, params)
+            else:
                 self._step_group(group, params)
         return loss
 
@@ -122,6 +154,17 @@ class LAMB(torch.optim.Optimizer):
         if group["weight_decay"] or self.nvlamb:
             torch._foreach_mul_(updates, trust_ratios(params, updates))
         torch._foreach_add_(params, updates, alpha=-group["lr"])
+
+    def _fused_step_group(self, group, params):
+        # The same formulas compiled into a few multi-tensor kernels (training/lamb_fused.py).
+        from hvdtrain.training import lamb_fused
+        states = [self._state(parameter) for parameter in params]
+        steps = [state["step"] for state in states]
+        torch._foreach_add_(steps, 1)  # CPU counters, as above
+        lamb_fused.step_group(params, [parameter.grad for parameter in params],
+                              [state["exp_avg"] for state in states], [state["exp_avg_sq"] for state in states],
+                              [step.item() for step in steps], group["lr"], group["betas"], group["eps"],
+                              group["weight_decay"], adapt=bool(group["weight_decay"]) or self.nvlamb)
 
     def _state(self, parameter):
         state = self.state[parameter]
