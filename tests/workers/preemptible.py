@@ -44,7 +44,7 @@ def main():
         # Horovod: one allreduce per step, as in training.
         hvd.allreduce(torch.ones(1), name="step")
         step += 1
-        if stop.should_stop():
+        if stop.poll():  # the stop vote: an allreduce, then who was signalled
             if ctx.is_main:
                 state_path.write_text(json.dumps({"step": step}))
             record(output_dir, ctx.rank, event="stop", step=step, signal=stop.received)

@@ -45,7 +45,8 @@ class CnnWorkload:
         self.precision = precision_of(args, backend.device, "fp16")
         scaler = precisions.scaler(self.precision, backend.device)
         self.timer = SectionTimer()  # the step's parts, as the trainers time them (durations.py)
-        self.trainer = cnn.Trainer(torch.compile(module) if args.compile else module, optimizer, scaler,
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        self.trainer = cnn.Trainer(torch.compile(module) if args.compile else module, optimizer, scheduler, scaler,
                                    nn.CrossEntropyLoss(), backend.device, self.precision, args.channels_last,
                                    args.accumulation_steps, adasum=False, timer=self.timer)
         generator = torch.Generator().manual_seed(args.seed * 1000 + backend.rank)
