@@ -41,7 +41,9 @@ def parse_args(argv=None):
                                         "or the --init-checkpoint's configuration)")
     choice.add_argument("--config", type=Path, help="BertConfig JSON file instead of a preset")
     model.add_argument("--init-checkpoint", type=Path,
-                       help="phase 2: start from these weights (a checkpoint or its directory), new step counter")
+                       help="start from these weights, with a new step counter: phase 2 from phase 1 (a checkpoint "
+                            "or its directory), or continued pretraining from a Hugging Face BERT directory "
+                            "(save_pretrained's; prepare the data with --vocab DIR)")
     train = parser.add_argument_group("optimisation")
     train.add_argument("--steps", type=cli.positive_int, default=200, help="optimizer steps in the schedule")
     train.add_argument("--batch-size", type=cli.positive_int, default=16, help="sequences per rank per micro-batch")
@@ -98,7 +100,6 @@ from hvdtrain.durations import SectionTimer
 from hvdtrain.models import bert as bert_models
 from hvdtrain.runtime import collectives, consistency, dist, elastic, nonfinite, precision, rng, signals
 from hvdtrain.runtime.checkpoint import Checkpointer
-from hvdtrain.runtime.checkpoint_files import load_init_checkpoint
 from hvdtrain.runtime.metrics import SumMeter, Throughput, rate_text
 from hvdtrain.runtime.run import Run, finished_before_start
 from hvdtrain.training import balance, bert
@@ -122,7 +123,7 @@ def load_setup(args, ctx):
         bert_data.check_shard(args.data, entry, metadata)
     init = None
     if args.init_checkpoint is not None:
-        init = load_init_checkpoint(args.init_checkpoint)
+        init = bert.load_init(args.init_checkpoint)
         if not {"model", "bert_config", "train_state"} <= set(init):
             raise UsageError(f"--init-checkpoint {args.init_checkpoint} is not a pretrain_bert.py checkpoint")
         bert_data.check_vocabulary(init, metadata, f"--init-checkpoint {args.init_checkpoint}")
@@ -252,7 +253,7 @@ def train(commits, run, settings, ctx, state, trainer, meter, setup, position, s
     if begun == "resumed":
         ctx.print0(f"resumed from {settings.output_dir} at step {state.step}")
     elif begun == "fresh" and init is not None:
-        ctx.print0(f"initialised from {settings.init_checkpoint} (its step {init['train_state']['step']})")
+        ctx.print0(f"initialised from {settings.init_checkpoint} ({bert.init_origin(init)})")
     if run.nothing_to_train(finished=state.step >= settings.steps):
         return
     run.retarget(settings.steps)

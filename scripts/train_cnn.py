@@ -19,10 +19,11 @@ def parse_args(argv=None):
     parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     flag = argparse.BooleanOptionalAction
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", default="digits",
-                      choices=["digits", "cifar10", "imagefolder", "synthetic"],
+    data.add_argument("--dataset", default="digits", type=options.preset_or_code(options.CNN_DATASETS),
                       help="digits: scikit-learn's embedded 8x8 digits (no download); cifar10: "
-                           "the python batches directory; imagefolder: train/<class>/*, val/<class>/*")
+                           "the python batches directory; imagefolder: train/<class>/*, val/<class>/*; "
+                           "synthetic; or your own: MODULE:CALLABLE (or path/to/file.py:CALLABLE) whose "
+                           "CALLABLE(data_dir) returns (train set, val set, number of classes), see docs/adapting.md")
     data.add_argument("--data", help="data directory (cifar10, imagefolder)")
     data.add_argument("--image-size", type=cli.positive_int,
                       help="input resolution (default: digits 16, cifar10/synthetic 32, imagefolder 224)")
@@ -32,8 +33,10 @@ def parse_args(argv=None):
                       help="decode every image file before training (each rank checks its share)")
     data.add_argument("--synthetic-samples", type=cli.positive_int, default=4096, help="synthetic epoch size")
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default="resnet20", choices=options.CNN_MODELS,
-                       help="resnet20/56: CIFAR-style; resnet18/50: ImageNet-style; convnet: no BatchNorm")
+    model.add_argument("--model", default="resnet20", type=options.preset_or_code(options.CNN_MODELS),
+                       help="resnet20/56: CIFAR-style; resnet18/50: ImageNet-style; convnet: no BatchNorm; or "
+                            "your own: MODULE:CALLABLE (or path/to/file.py:CALLABLE) whose CALLABLE(num_classes, "
+                            "in_channels) returns a torch.nn.Module, see docs/adapting.md")
     model.add_argument("--sync-bn", action="store_true",
                        help="Horovod SyncBatchNorm: statistics over the global batch (CUDA only); without it "
                             "the ranks' BatchNorm statistics are averaged before evaluation and checkpoints")
@@ -80,7 +83,8 @@ import time
 import torch
 import horovod.torch as hvd
 
-from hvdtrain.data import images
+from hvdtrain import usercode
+from hvdtrain.data import custom, images
 from hvdtrain.durations import SectionTimer
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime import collectives, consistency, dist, elastic, nonfinite, precision, rng, signals
@@ -95,9 +99,12 @@ from hvdtrain.training.epochs import EpochPlan
 def load_data(args, ctx, workers):
     """(train set, val set, classes, channels); run under collectives.agree_on_errors."""
     with ctx.watchdog.phase("scanning and verifying the images"):
-        data = images.load(args.dataset, args.data, args.image_size, args.seed, args.synthetic_samples,
-                           verify_share=(ctx.rank, ctx.size) if args.verify_images else None,
-                           on_file=ctx.watchdog.beat)
+        if usercode.is_spec(args.dataset):  # your own: its random draws keyed per sample (data/custom.py)
+            data = custom.load(args.dataset, args.data, args.seed)
+        else:
+            data = images.load(args.dataset, args.data, args.image_size, args.seed, args.synthetic_samples,
+                               verify_share=(ctx.rank, ctx.size) if args.verify_images else None,
+                               on_file=ctx.watchdog.beat)
     train_set = data[0]
     shard = len(train_set) // ctx.size
     if shard == 0:
@@ -132,11 +139,13 @@ def main():
     train_set, val_set, num_classes, channels = agree(load_data, args, ctx, resolved["workers"])
     settings = CnnSettings.build(args, **resolved, world_size="elastic" if args.elastic else ctx.size,
                                  train_samples=len(train_set), num_classes=num_classes)
+    model = agree(cnn.build_model, settings, ctx, num_classes, channels, train_set)
     if not settings.elastic:
-        # Horovod: the same job on every rank (settings and data), or one line naming the difference
-        consistency.check_ranks_agree(settings, cnn.data_facts(settings, train_set, val_set))
-
-    model = cnn.build_model(settings, ctx, num_classes, channels)
+        # Horovod: the same job on every rank (settings, data and model), or one line naming the difference
+        consistency.check_ranks_agree(settings, cnn.data_facts(settings, train_set, val_set, model))
+    note = cnn.resume_note(settings, train_set)  # your own data set: does exact resume hold?
+    if note:
+        ctx.print0(note)
     batching = cnn.batching(settings, ctx)  # Horovod: the global batch grows with the workers, so does the LR
     # Horovod: gradients are averaged by allreduce during backward, every `accumulation_steps`
     # backward passes (or combined by Adasum; with --balance or --global-batch ranks hold

@@ -15,7 +15,7 @@ import torch
 
 from support.bert_data import make_small_static_data
 from support.checkpoints import checkpoint_files, checkpoint_name, checkpoint_names
-from support.checks import one_error_line, succeeded
+from support.checks import ok, one_error_line, succeeded
 from support.commands import PREPARE, PRETRAIN, with_heavy_modules
 from support.launch import horovodrun, launch, python
 from support.needs import require_module
@@ -172,6 +172,36 @@ def test_phase2_starts_from_phase1_weights_with_longer_sequences(pretrained, dat
     phase1_start = results(phase1)["initial_mlm_loss"]
     phase2_start = results(tmp_path / "phase2")["initial_mlm_loss"]
     assert phase2_start < 0.85 * phase1_start, (phase1_start, phase2_start)  # trained weights, not random ones
+
+
+def test_continued_pretraining_from_a_hugging_face_directory(pretrained, small_static_data, tmp_path):
+    """A BERT saved by transformers itself (BertForMaskedLM.save_pretrained and its tokenizer's: no NSP
+    head), a domain corpus prepared with its vocabulary, pretraining continued from its weights on 2
+    ranks; the export loads back in transformers."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import BertForMaskedLM, BertForPreTraining, BertTokenizerFast
+    phase1, _ = pretrained
+    existing = tmp_path / "existing-bert"
+    BertForMaskedLM.from_pretrained(phase1 / "model").save_pretrained(existing)
+    BertTokenizerFast.from_pretrained(phase1 / "model").save_pretrained(existing)
+    from hvdtrain.data.bert_corpus import default_corpus_documents
+    domain = "\n\n".join("\n".join(document[:40]) for document in default_corpus_documents()[8:40])
+    (tmp_path / "domain.txt").write_text(domain + "\n")
+    succeeded(python([PREPARE, "--input", tmp_path / "domain.txt", "--vocab", existing, "--max-seq-length", "64",
+                      "--dupe-factor", "1", "--num-shards", "2", "--output-dir", tmp_path / "domain"], timeout=120))
+    run = ok(horovodrun(2, [PRETRAIN, "--data", tmp_path / "domain", "--init-checkpoint", existing,
+                                   "--batch-size", "8", "--steps", "3", "--log-every", "1",
+                                   "--output-dir", tmp_path / "continued"], timeout=240))
+    assert (f"initialised from {existing} (a Hugging Face model; bert.pooler, cls.seq_relationship freshly initialised)"
+            in run.output), run.describe()
+    assert checkpoint_at(tmp_path / "continued", 3)["bert_config"]["hidden_size"] == 128
+    assert results(tmp_path / "continued")["initial_mlm_loss"] < 0.85 * results(phase1)["initial_mlm_loss"]
+    exported = BertForPreTraining.from_pretrained(tmp_path / "continued" / "model")
+    assert exported.config.vocab_size == BertForMaskedLM.from_pretrained(existing).config.vocab_size
+    # A corpus prepared with another vocabulary is refused in one line.
+    one_error_line(python([PRETRAIN, "--data", small_static_data, "--init-checkpoint", existing, "--steps", "1",
+                           "--output-dir", tmp_path / "other"], timeout=240),
+                   f"--init-checkpoint {existing} was trained with a different vocabulary than the shards")
 
 
 def test_signal_to_one_rank_checkpoints_every_rank_and_resumes(data_dir, tmp_path):

@@ -417,3 +417,24 @@ def test_the_background_writer_keeps_one_write_in_flight_and_reports_its_failure
     writer.start(full_disk, "step-4.pt")
     writer.finish()  # an --elastic reset: said as a warning, nothing raised
     assert "warning: writing the checkpoint step-4.pt failed" in capsys.readouterr().out
+
+
+def test_checkpoints_of_the_earlier_layout_read_as_todays():
+    """Until 2026-11 --elastic and --global-batch saved the CNN's position apart ("elastic_position":
+    its samples, its metric totals) and BERT's as "bert_position"; older CNN checkpoints had no
+    epoch_samples. Each trainer's upgrade reads them in today's layout (a resume goes on from them:
+    an old --global-batch checkpoint resumed to the end equals an uninterrupted run, bit for bit)."""
+    from hvdtrain.training import bert, cnn
+    totals = {"train_loss": [3.5, 64.0], "train_top1": [20.0, 64.0]}
+    elastic = cnn.upgrade_checkpoint({"train_state": {"step_in_epoch": 2, "epoch_samples": 0},
+                                      "elastic_position": {"samples": 64, "totals": totals},
+                                      "settings": {"world_size": "elastic"}})
+    assert "elastic_position" not in elastic and elastic["train_state"]["epoch_samples"] == 64
+    assert elastic["epoch_sums"] == {"totals": totals}
+    plain = cnn.upgrade_checkpoint({"train_state": {"step_in_epoch": 3, "epoch_samples": 96}, "settings": {}})
+    assert plain["train_state"]["epoch_samples"] == 96 and plain["epoch_sums"] == {"totals": {}}
+    oldest = cnn.upgrade_checkpoint({"train_state": {"step_in_epoch": 3}, "settings": {
+        "world_size": 2, "batch_size": 16, "accumulation_steps": 2}})
+    assert oldest["train_state"]["epoch_samples"] == 3 * 2 * 16 * 2  # its steps were all of its own size
+    position = {"epoch": 0, "steps": 5, "taken": [80]}
+    assert bert.upgrade_checkpoint({"bert_position": position}) == {"position": position}

@@ -37,7 +37,7 @@ PROGRESS = re.compile(r"progress: step (\d+)/(\d+) \(\d+%\), [\d.e+-]+ steps/s, 
 
 @pytest.fixture
 def workdir(tmp_path):
-    for name in ("scripts", "hostfiles", "tests"):
+    for name in ("scripts", "hostfiles", "tests", "examples"):
         (tmp_path / name).symlink_to(REPO / name)
     (tmp_path / ".venv").symlink_to(VENV_BIN.parent)  # the environment running these tests
     return tmp_path
@@ -90,6 +90,23 @@ def test_one_machine_forms_train_and_report_progress(workdir, form):
     steps = [(int(m[1]), int(m[2])) for m in PROGRESS.finditer(ran.output)]
     assert steps and all(total == 44 and 0 < step <= 44 for step, total in steps), ran.describe()
     assert "images/s; results in runs/" in ran.output, ran.describe()
+
+
+# ---------------------------------------------------------------- docs/adapting.md: your own
+ADAPTING = ("docs/adapting.md",)
+OWN_MODEL = "horovodrun -np 2 python scripts/train_cnn.py --model examples/my_model.py:build --output-dir runs/my-model"
+OWN_DATA = ("horovodrun -np 2 python scripts/train_cnn.py --dataset examples/my_data.py:load "
+            "--model examples/my_model.py:build --lr 0.025 --output-dir runs/my-data")
+OWN_TRAINER = "horovodrun -np 2 python scripts/train_signals.py --output-dir runs/signals"
+
+
+def test_adapting_commands_train_your_model_data_and_trainer(workdir):
+    ran_as_documented(run(workdir, OWN_MODEL, "--epochs 1", pages=ADAPTING))
+    assert results(workdir / "runs" / "my-model")["model"] == "examples/my_model.py:build"
+    ran_as_documented(run(workdir, OWN_DATA, "--epochs 2", pages=ADAPTING))
+    assert results(workdir / "runs" / "my-data")["val_top1"] > 0.9  # the stripes are learnt in two epochs
+    ran = ran_as_documented(run(workdir, OWN_TRAINER, "--epochs 1 --samples 256", pages=ADAPTING))
+    assert "results in runs/signals/results.json" in ran.output, ran.describe()
 
 
 # ---------------------------------------------------------------- the CNN examples

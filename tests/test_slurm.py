@@ -27,6 +27,7 @@ from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
 from support.slurm_cluster import run
 from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, ended, events, probe_sbatch,
                                 send_usr1_to_batch_shell)
+from support.user_task import write_task
 from support.weights import assert_same_tensors, checkpoint_at
 
 SBATCH_FILES = [SLURM / "train_cnn.sbatch", SLURM / "pretrain_bert.sbatch"]
@@ -98,6 +99,23 @@ def slurm_time(value):
 
 
 # ---------------------------------------------------------------- jobs on the cluster
+def test_their_model_and_data_train_under_sbatch(slurm_cluster, need_horovod, tmp_path):
+    """train_cnn.sbatch with a model and a data set the project has never seen (support/user_task.py),
+    stopped by --stop-after, then resumed by a second job to the end: the seams under srun."""
+    log, out = tmp_path / "job.out", tmp_path / "out"
+    args = [*write_task(tmp_path), "--precision", "fp32", "--epochs", "2", "--batch-size", "8",
+            "--output-dir", out]
+    job = submit(slurm_cluster, SLURM / "train_cnn.sbatch", log, [*args, "--stop-after", "7"])
+    info = slurm_cluster.wait_for_end(job, JOB_TIMEOUT)
+    assert info["JobState"] == "COMPLETED" and "stopped by --stop-after 7" in log.read_text(), f"{info}\n{log.read_text()}"
+    log = tmp_path / "resumed.out"
+    job = submit(slurm_cluster, SLURM / "train_cnn.sbatch", log, args)
+    info = slurm_cluster.wait_for_end(job, JOB_TIMEOUT)
+    assert info["JobState"] == "COMPLETED", f"{info}\n{log.read_text()}"
+    assert "resuming at epoch 1 sample 16 (step 7)" in log.read_text(), log.read_text()
+    assert json.loads((out / "results.json").read_text())["steps"] == 12
+
+
 @pytest.mark.parametrize("setting, line", [
     ({"LAUNCHER": "ssh"}, "LAUNCHER=ssh: choose srun, mpirun, horovodrun or horovodrun-elastic"),
     ({"MIN_NODES": "0"}, "MIN_NODES=0: give the fewest nodes a requeued run may start on, a number from 1"),

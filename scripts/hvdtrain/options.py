@@ -16,6 +16,7 @@ from hvdtrain.launch.hosts import EXCLUDED_HOSTS_VAR
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 STRAGGLER_ACTIONS = ("warn", "checkpoint-exit", "exclude")
 CNN_MODELS = ("convnet", "resnet18", "resnet20", "resnet50", "resnet56")  # models/resnet.py's MODELS
+CNN_DATASETS = ("digits", "cifar10", "imagefolder", "synthetic")  # data/images.py's
 BERT_PRESETS = {  # Google's BERT sizes (Turc et al. 2019 for the small ones); models/bert.py builds them
     "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),
     "mini": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024),
@@ -23,6 +24,17 @@ BERT_PRESETS = {  # Google's BERT sizes (Turc et al. 2019 for the small ones); m
     "base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
     "large": dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, intermediate_size=4096),
 }
+
+
+def preset_or_code(presets):
+    """An argparse type: one of ``presets``, or your own code, MODULE:CALLABLE (usercode.py)."""
+    def parse(text):
+        if text in presets or ":" in text:
+            return text
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(presets)}, or name your own "
+                                         "as MODULE:CALLABLE or path/to/file.py:CALLABLE")
+    parse.__name__ = "preset or MODULE:CALLABLE"
+    return parse
 
 
 def add_run_arguments(parser, output_dir, checkpoint_every):

@@ -33,10 +33,14 @@ warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarnin
 DEFAULT_IMAGE_SIZE = {"digits": 16, "cifar10": 32, "imagefolder": 224, "synthetic": 32}
 
 
+def sample_key(seed, epoch, index):
+    """A sample's random key: a function of (seed, epoch, index) alone."""
+    return ((seed * 1_000_003 + epoch) * 2_000_000_011 + index) % (2**63 - 1)
+
+
 def sample_generator(seed, epoch, index):
     """A generator that depends only on (seed, epoch, index)."""
-    key = ((seed * 1_000_003 + epoch) * 2_000_000_011 + index) % (2**63 - 1)
-    return torch.Generator().manual_seed(key)
+    return torch.Generator().manual_seed(sample_key(seed, epoch, index))
 
 
 class KeyedDataset(Dataset):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from hvdtrain.data.bert_corpus import save_tokenizer
+from hvdtrain.data.bert_corpus import WordPieceTokenizer, save_tokenizer, vocab_hash
 from hvdtrain.errors import UsageError
 from hvdtrain.options import BERT_PRESETS
 
@@ -58,6 +58,55 @@ def check_sequence_length(config, max_seq_length):
 
 ARCHITECTURE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size")
+
+
+HF_CONFIG = "config.json"  # what save_pretrained writes first: a Hugging Face model directory
+
+
+def is_pretrained_directory(path):
+    """Whether ``path`` is a Hugging Face model directory (``save_pretrained``'s), not our checkpoints."""
+    return (Path(path) / HF_CONFIG).is_file()
+
+
+def load_pretrained(directory):
+    """A Hugging Face BERT directory as an init checkpoint: {"model", "bert_config", "vocab_sha256",
+    "train_state", "source", "fresh_heads"}. Its weights, its configuration (BertConfig) and its
+    tokenizer's vocabulary, which the shards must have been prepared with (``prepare_bert_data.py
+    --vocab DIR``). A model saved without the pretraining heads (BertModel, BertForMaskedLM)
+    gets them freshly initialised (``fresh_heads`` names them). Never downloads."""
+    from transformers import BertConfig, BertForPreTraining
+    from transformers.utils import logging as transformers_logging
+    directory = Path(directory)
+    try:
+        config = BertConfig.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--init-checkpoint {directory}: cannot read its {HF_CONFIG} ({first_line(error)})") from None
+    if config.model_type != "bert":
+        raise UsageError(f"--init-checkpoint {directory} holds a {config.model_type!r} model, not a BERT")
+    try:
+        tokenizer = WordPieceTokenizer.load(directory, lowercase=True)
+    except Exception as error:  # noqa: BLE001 - a missing or broken tokenizer: one line
+        raise UsageError(f"--init-checkpoint {directory}: no usable tokenizer (tokenizer.json or vocab.txt) "
+                         f"beside the model ({error.__class__.__name__}): continued pretraining needs the "
+                         "vocabulary it was trained with") from None
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # heads missing: said below in one line, not a page
+    transformers_logging.disable_progress_bar()  # no "Loading weights" bar on every rank's stderr
+    try:
+        model, info = BertForPreTraining.from_pretrained(str(directory), local_files_only=True,
+                                                         output_loading_info=True)
+    except (OSError, ValueError, RuntimeError) as error:
+        raise UsageError(f"--init-checkpoint {directory}: cannot load its weights ({first_line(error)})") from None
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+        transformers_logging.enable_progress_bar()
+    return {"model": model.state_dict(), "bert_config": model.config.to_dict(), "vocab_sha256": vocab_hash(tokenizer),
+            "train_state": {"step": 0}, "source": "huggingface",
+            "fresh_heads": sorted({key.split(".")[0] + "." + key.split(".")[1] for key in info["missing_keys"]})}
+
+
+def first_line(error):
+    return (str(error).strip().splitlines() or [""])[0][:200]
 
 
 def build_model(config):

@@ -17,6 +17,7 @@ from hvdtrain.data import bert_data, bert_elastic
 from hvdtrain.durations import UNTIMED
 from hvdtrain.errors import UsageError
 from hvdtrain.models import bert as bert_models
+from hvdtrain.runtime.checkpoint_files import load_init_checkpoint
 from hvdtrain.runtime.run import TrainState
 from hvdtrain.runtime.settings import RunSettings
 from hvdtrain.training import optim
@@ -152,6 +153,22 @@ class Trainer:
             loss = self.guard.watch(loss)
         self.scaler.scale(loss).backward()  # Horovod: the allreduce starts after the last micro-batch
         return sums
+
+
+def load_init(path):
+    """--init-checkpoint: a checkpoint of ours (or its directory: the newest), or a Hugging Face BERT
+    directory (continued pretraining from an existing model: models/bert.load_pretrained)."""
+    if bert_models.is_pretrained_directory(path):
+        return bert_models.load_pretrained(path)
+    return load_init_checkpoint(path)
+
+
+def init_origin(init):
+    """Where --init-checkpoint's weights come from, for the run's line."""
+    if init.get("source") == "huggingface":
+        heads = f"; {', '.join(init['fresh_heads'])} freshly initialised" if init["fresh_heads"] else ""
+        return f"a Hugging Face model{heads}"
+    return f"its step {init['train_state']['step']}"
 
 
 def build_model(settings, ctx, config):

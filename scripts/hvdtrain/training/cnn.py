@@ -15,7 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hvdtrain.data import images
+from hvdtrain import usercode
+from hvdtrain.data import custom, images
 from hvdtrain.durations import UNTIMED
 from hvdtrain.errors import UsageError
 from hvdtrain.models import resnet
@@ -92,6 +93,8 @@ def check_args(args, ctx):
         raise UsageError("--gradient-predivide-factor only applies to averaging, not --use-adasum")
     if args.dataset in ("digits", "synthetic") and args.data:
         raise UsageError(f"--data is not used with --dataset {args.dataset}")
+    if usercode.is_spec(args.dataset) and args.image_size:
+        raise UsageError(f"--image-size is for the named data sets: --dataset {args.dataset} sizes its own samples")
     cuda = ctx.device.type == "cuda"
     chosen = precision.resolve(args.precision, ctx.device.type, cuda_auto="fp16")  # fp16 needs CUDA
     if args.use_adasum and not dist.mpi_controller():
@@ -105,13 +108,22 @@ def check_args(args, ctx):
             "workers": (4 if args.dataset == "imagefolder" else 0) if args.workers is None else args.workers}
 
 
-def data_facts(args, train_set, val_set):
-    """What every rank's data must share beyond the settings' train_samples and num_classes."""
-    facts = {"val_samples": len(val_set)}
+def data_facts(args, train_set, val_set, model):
+    """What every rank's data and model must share beyond the settings' train_samples and num_classes."""
+    facts = {"val_samples": len(val_set),
+             "model_sha256": consistency.digest(f"{name} {tuple(tensor.shape)} {tensor.dtype}"
+                                                for name, tensor in model.state_dict().items())}
     if isinstance(train_set, images.ImageFolder):  # its files, relative to --data (a per-node path)
         facts["image_files_sha256"] = consistency.digest(
             f"{os.path.relpath(path, args.data)} {label}" for path, label in train_set.samples + val_set.samples)
+    if isinstance(train_set, custom.KeyedSamples):  # your own: its first sample, as this rank reads it
+        facts["first_sample_sha256"] = custom.fingerprint(train_set, args.dataset)
     return facts
+
+
+def resume_note(settings, train_set):
+    """Your own data set: None, or the one line saying exact resume does not hold for it (custom.probe)."""
+    return custom.probe(train_set, settings.dataset) if isinstance(train_set, custom.KeyedSamples) else None
 
 
 @dataclass
@@ -241,13 +253,44 @@ class Trainer:
         return meter.reduce("val")
 
 
-def build_model(settings, ctx, num_classes, channels):
-    """The ResNet on this rank's device, in the layout asked for."""
-    model = resnet.build(settings.model, num_classes, channels)
+def build_model(settings, ctx, num_classes, channels, train_set):
+    """The model on this rank's device, in the layout asked for: a preset (models/resnet.py), or your
+    own (--model MODULE:CALLABLE: ``CALLABLE(num_classes, in_channels)``, checked on two samples)."""
+    if usercode.is_spec(settings.model):
+        model = user_model(settings.model, num_classes, channels, train_set)
+    else:
+        model = resnet.build(settings.model, num_classes, channels)
     if settings.sync_bn:
         model = dist.to_sync_batchnorm(model)  # Horovod: statistics over the global batch
     layout = torch.channels_last if settings.channels_last else torch.preserve_format
     return model.to(ctx.device, memory_format=layout)
+
+
+def user_model(spec, num_classes, channels, train_set):
+    """``--model MODULE:CALLABLE``'s module, checked: a torch.nn.Module whose output for a batch of two of
+    the data's samples is one score per class (UsageError, one line, otherwise)."""
+    build = usercode.load_callable(spec, "--model")
+    model = usercode.call(spec, "--model", build, num_classes, channels)
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"--model {spec}: {build.__name__}(num_classes, in_channels) returned "
+                         f"{type(model).__name__}, not a torch.nn.Module")
+    train_set.set_epoch(0)
+    batch = torch.stack([torch.as_tensor(train_set[index][0]) for index in range(min(2, len(train_set)))])
+    if batch.dtype == torch.uint8:  # image files' pixels, as the trainer normalises them
+        batch = images.normalize_pixels(batch)
+    model.eval()
+    try:
+        with torch.no_grad():
+            output = model(batch)
+    except Exception as error:  # noqa: BLE001 - the user's module: whatever it raises, one line
+        raise UsageError(f"--model {spec}: its forward pass on a batch of the data's shape {tuple(batch.shape)} "
+                         f"raised {error.__class__.__name__}: {usercode.first_line(error)}") from None
+    model.train()
+    if not torch.is_tensor(output) or tuple(output.shape) != (len(batch), num_classes):
+        shape = tuple(output.shape) if torch.is_tensor(output) else type(output).__name__
+        raise UsageError(f"--model {spec}: its output for a batch of {len(batch)} is {shape}, not "
+                         f"({len(batch)}, {num_classes}): one score for each of the data's {num_classes} classes")
+    return model
 
 
 def build_optimizer(settings, model, lr):

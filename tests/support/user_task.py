@@ -1,0 +1,82 @@
+"""A model and a data set the project has never seen, written by a test: train_cnn.py's two seams.
+
+``write_task(directory)`` writes ``their_task.py`` there and returns the options that name
+it (``--model DIR/their_task.py:build --dataset DIR/their_task.py:data``). Its model is a
+small MLP without BatchNorm or dropout (so 2 ranks x 8 train what 1 rank x 16 trains,
+to float rounding); its data set is generated, 3 classes, and its training samples are
+augmented with draws from Python's ``random``, NumPy's global generator and torch's global
+generator alike: the trainer must key all three per sample for a resume to be exact.
+"""
+from pathlib import Path
+
+TASK = '''\
+"""Written by tests/support/user_task.py: a model and a data set of a user's own."""
+import random
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.utils.data import Dataset
+
+
+def build(num_classes, in_channels):
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * 6 * 6, 24), nn.Tanh(), nn.Linear(24, num_classes))
+
+
+class Points(Dataset):
+    def __init__(self, count, seed, augment):
+        generator = torch.Generator().manual_seed(seed)
+        self.labels = torch.randint(0, 3, (count,), generator=generator)
+        centres = torch.tensor([[-1.0], [0.0], [1.0]])[self.labels].view(count, 1, 1, 1)
+        self.inputs = centres + 0.5 * torch.randn(count, 2, 6, 6, generator=generator)
+        self.augment = augment
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        x = self.inputs[index]
+        if self.augment:  # every generator a user might reach for
+            x = x * (1 + 0.1 * torch.rand(()).item()) + 0.05 * float(np.random.randn()) + 0.01 * random.random()
+        return x, int(self.labels[index])
+
+
+def data(data_dir):
+    return Points(96, 1, augment=True), Points(32, 2, augment=False), 3
+
+
+class OwnGenerator(Points):
+    """Draws from a generator of its own, which no per-sample key reaches."""
+
+    rng = np.random.default_rng(0)
+
+    def __getitem__(self, index):
+        return self.inputs[index] + float(self.rng.standard_normal()), int(self.labels[index])
+
+
+def unkeyed(data_dir):
+    return OwnGenerator(96, 1, augment=False), Points(32, 2, augment=False), 3
+
+
+def not_a_module(num_classes, in_channels):
+    return "a string"
+
+
+def wrong_width(num_classes, in_channels):
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * 6 * 6, num_classes + 1))
+
+
+def not_a_pair(data_dir):
+    return [torch.zeros(2, 6, 6)] * 8, [torch.zeros(2, 6, 6)] * 4, 3
+
+
+def two_values(data_dir):
+    return Points(96, 1, augment=False), Points(32, 2, augment=False)
+'''
+
+
+def write_task(directory):
+    """``their_task.py`` in ``directory``; the options that train with its model and data set."""
+    path = Path(directory) / "their_task.py"
+    path.write_text(TASK)
+    return ["--model", f"{path}:build", "--dataset", f"{path}:data"]

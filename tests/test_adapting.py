@@ -1,0 +1,116 @@
+"""Your own model and data (train_cnn.py --model/--dataset MODULE:CALLABLE) and your own trainer
+(scripts/train_signals.py) keep every guarantee the shipped ones have: n ranks train what one
+does, a resume goes on exactly, --elastic and --balance run them, bad input is one line.
+
+The model and data set are written by the test (support/user_task.py): the project has never
+seen them. docs/adapting.md's own commands run in test_readme.py.
+"""
+import json
+import sys
+
+import pytest
+
+from support.checks import ok, one_error_line
+from support.commands import CNN
+from support.elastic_jobs import elastic_command, world_sizes, write_hosts
+from support.launch import REPO, SCRIPTS, horovodrun, launch, python
+from support.user_task import write_task
+from support.weights import EXACT, assert_same_tensors, assert_same_weights, checkpoint_at
+
+pytestmark = pytest.mark.usefixtures("need_horovod")
+
+SIGNALS = SCRIPTS / "train_signals.py"
+
+
+def test_their_model_and_data_train_on_two_ranks_as_on_one_and_resume_exactly(tmp_path):
+    """2 ranks x 8 (DataLoader workers, stopped mid-epoch and relaunched) == 1 rank x 16, uninterrupted:
+    the user's module reaches forkserver workers by name, its random augmentation is keyed per sample
+    (Python's, NumPy's and torch's generators), and the resume goes on at the next sample."""
+    task = write_task(tmp_path)
+    common = [CNN, *task, *EXACT, "--epochs", "3", "--checkpoint-every", "6", "--keep-checkpoints", "9"]
+    two = tmp_path / "two"
+    ok(horovodrun(2, [*common, "--batch-size", "8", "--lr", "0.05", "--workers", "1", "--stop-after", "8",
+                      "--output-dir", two], timeout=240))
+    resumed = ok(horovodrun(2, [*common, "--batch-size", "8", "--lr", "0.05", "--workers", "1",
+                                "--output-dir", two], timeout=240))
+    assert "resuming at epoch 1 sample 32 (step 8)" in resumed.output, resumed.describe()
+    one = tmp_path / "one"
+    alone = ok(python([*common, "--batch-size", "16", "--lr", "0.1", "--output-dir", one], timeout=240))
+    assert "their_task.py:build on" in alone.output and "note:" not in alone.output, alone.describe()
+    assert_same_weights(checkpoint_at(two, 18), checkpoint_at(one, 18), "2 x 8 resumed against 1 x 16")
+    assert_same_weights(checkpoint_at(two, 6), checkpoint_at(one, 6), "after the first epoch")
+    rows = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2, 3] and rows[-1]["val_top1"] > 0.8, rows
+
+
+def test_their_model_and_data_under_mpirun(tmp_path, need_mpi):
+    """The README's single-machine mpirun form, the two seams as any other option."""
+    task = write_task(tmp_path)
+    ran = ok(launch(["mpirun", "-np", "2", "-hostfile", REPO / "hostfiles" / "localhost", "--bind-to", "none",
+                     sys.executable, CNN, *task, "--epochs", "1", "--batch-size", "8", "--output-dir", tmp_path / "out"],
+                    timeout=240))
+    assert "2 workers x batch 8 = global batch 16" in ran.output, ran.describe()
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["completed"]
+
+
+def test_their_model_runs_elastic_and_balanced(tmp_path):
+    """--elastic (hvd.elastic.run, the model synced from rank 0) and --balance (unequal shares of each
+    step) take a user's model and data as they take the presets."""
+    task = write_task(tmp_path)
+    hosts = tmp_path / "hosts"
+    write_hosts(hosts, "localhost:2")
+    elastic_run = ok(launch(elastic_command(hosts, 2, [CNN, *task, "--elastic", "--epochs", "2", "--batch-size", "8",
+                                                       "--output-dir", tmp_path / "elastic"]), timeout=300))
+    assert world_sizes(elastic_run) == [2], elastic_run.describe()
+    assert json.loads((tmp_path / "elastic" / "results.json").read_text())["completed"]
+    balanced = ok(horovodrun(2, [CNN, *task, "--balance", "--straggler-interval", "3", "--epochs", "2",
+                                 "--batch-size", "8", "--output-dir", tmp_path / "balanced"], timeout=300))
+    assert json.loads((tmp_path / "balanced" / "results.json").read_text())["completed"], balanced.describe()
+
+
+@pytest.mark.parametrize("option, value, naming", [
+    ("--model", "no_such_module:build", "--model no_such_module:build: cannot import no_such_module "
+                                        "(ModuleNotFoundError"),
+    ("--model", "{task}:missing", ":missing: their_task has no callable missing"),
+    ("--model", "{task}:not_a_module", "not_a_module(num_classes, in_channels) returned str, not a torch.nn.Module"),
+    ("--model", "{task}:wrong_width", "its output for a batch of 2 is (2, 4), not (2, 3)"),
+    ("--dataset", "{task}:not_a_pair", "a sample must be (input tensor, integer label)"),
+    ("--dataset", "{task}:two_values", "must return (train set, val set, number of classes), not tuple"),
+    ("--model", "resnet21", "argument --model: 'resnet21': choose from convnet"),
+])
+def test_their_code_that_does_not_fit_is_one_line(tmp_path, option, value, naming):
+    task = write_task(tmp_path)[1].rpartition(":")[0]
+    args = dict(zip(["--model", "--dataset"], [f"{task}:build", f"{task}:data"]))
+    args[option] = value.format(task=task)
+    one_error_line(python([CNN, *[item for pair in args.items() for item in pair],
+                           "--output-dir", tmp_path / "out"], timeout=120), naming)
+
+
+def test_every_rank_stops_with_the_one_line(tmp_path):
+    task = write_task(tmp_path)[1].rpartition(":")[0]
+    ran = horovodrun(2, [CNN, "--model", f"{task}:wrong_width", "--dataset", f"{task}:data",
+                         "--output-dir", tmp_path / "out"], timeout=120)
+    one_error_line(ran, "its output for a batch of 2 is (2, 4), not (2, 3)")
+
+
+def test_randomness_no_key_reaches_is_said_in_one_line(tmp_path):
+    """A data set drawing from a generator of its own cannot be resumed exactly: said at start."""
+    task = write_task(tmp_path)[1].rpartition(":")[0]
+    ran = ok(python([CNN, "--model", f"{task}:build", "--dataset", f"{task}:unkeyed", "--stop-after", "1",
+                     "--output-dir", tmp_path / "out"], timeout=120))
+    notes = [line for line in ran.output.splitlines() if "exact resume does not hold" in line]
+    assert len(notes) == 1 and "sample 0 differs between two reads" in notes[0], ran.describe()
+
+
+def test_the_example_trainer_resumes_exactly_and_says_bad_input_in_one_line(tmp_path):
+    """scripts/train_signals.py, the trainer docs/adapting.md builds: stopped after step 5 of 12 and
+    relaunched, bit for bit the uninterrupted run; a bad argument, one line on every rank."""
+    common = [SIGNALS, "--samples", "128", "--length", "32", "--epochs", "3", "--batch-size", "16"]
+    ok(horovodrun(2, [*common, "--stop-after", "5", "--output-dir", tmp_path / "parts"], timeout=240))
+    ok(horovodrun(2, [*common, "--output-dir", tmp_path / "parts"], timeout=240))
+    whole = ok(horovodrun(2, [*common, "--output-dir", tmp_path / "whole"], timeout=240))
+    assert "val_mse" in whole.output and "results in" in whole.output, whole.describe()
+    assert_same_tensors(checkpoint_at(tmp_path / "parts", 12)["model"], checkpoint_at(tmp_path / "whole", 12)["model"],
+                        "stopped and resumed against uninterrupted")
+    one_error_line(horovodrun(2, [*common, "--samples", "24", "--output-dir", tmp_path / "bad"], timeout=120),
+                   "--samples 24 over 2 workers leave fewer than one batch of 16 each")
