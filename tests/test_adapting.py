@@ -76,7 +76,7 @@ def test_their_model_runs_elastic_and_balanced(tmp_path):
     ("--model", "{task}:wrong_width", "its output for a batch of 2 is (2, 4), not (2, 3)"),
     ("--dataset", "{task}:not_a_pair", "a sample must be (input tensor, integer label)"),
     ("--dataset", "{task}:two_values", "must return (train set, val set, number of classes), not tuple"),
-    ("--model", "resnet21", "argument --model: 'resnet21': choose from convnet"),
+    ("--model", "resnet21", "argument --model: invalid choice: 'resnet21' (choose from convnet"),
 ])
 def test_their_code_that_does_not_fit_is_one_line(tmp_path, option, value, naming):
     task = write_task(tmp_path)[1].rpartition(":")[0]

@@ -31,8 +31,8 @@ def preset_or_code(presets):
     def parse(text):
         if text in presets or ":" in text:
             return text
-        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(presets)}, or name your own "
-                                         "as MODULE:CALLABLE or path/to/file.py:CALLABLE")
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(presets)}, or name "
+                                         "your own as MODULE:CALLABLE or path/to/file.py:CALLABLE)")
     parse.__name__ = "preset or MODULE:CALLABLE"
     return parse
 

@@ -18,6 +18,8 @@ that step, does one of
             step's checkpoint file (--checkpoint-write async: in its background
             thread): a slow file system, a legitimate long wait that must not be killed.
   full-disk raise ENOSPC inside rank 0's write of that step's checkpoint file.
+  skip-vote leave that step's NaN/Inf vote out (a rank-divergent collective: the others
+            wait in the vote, this rank in the next step's gradients).
 
 With ``phase=NAME`` the fault happens instead as that rank enters the watchdog
 phase NAME after that step (``rank=1,step=44,kind=stop,phase=evaluating``): a
@@ -38,8 +40,9 @@ from hvdtrain.errors import UsageError
 FAULT_ENV = "HVDTRAIN_FAULT"
 NONFINITE_ENV = "HVDTRAIN_INJECT_NONFINITE"
 RECORD_ENV = "HVDTRAIN_RECORD_INSTANCES"
-KINDS = ("stop", "deadlock", "kill", "raise", "slow-checkpoint", "full-disk")
+KINDS = ("stop", "deadlock", "kill", "raise", "slow-checkpoint", "full-disk", "skip-vote")
 CHECKPOINT_KINDS = ("slow-checkpoint", "full-disk")  # at the checkpoint write, not after the step
+IN_STEP_KINDS = ("skip-vote",)  # inside the step (skips_vote), not after it
 
 
 @dataclass
@@ -124,7 +127,7 @@ def phase_entered(rank, step, name):
 
 def _inject(fault, rank, step):
     # slow-checkpoint, full-disk: no injection here; checkpoint_writing acts inside the write.
-    if fault.kind in CHECKPOINT_KINDS or not fault.applies_to(rank) or fault.step != step:
+    if fault.kind in CHECKPOINT_KINDS + IN_STEP_KINDS or not fault.applies_to(rank) or fault.step != step:
         return
     # The wall-clock time lets the fault matrix measure how long the job took to end.
     print(f"rank {rank}: injecting fault {fault.kind} after step {step} at {time.time():.3f} ({FAULT_ENV})",
@@ -149,6 +152,13 @@ def checkpoint_writing(rank, step):
     if fault.kind == "full-disk":
         raise OSError(errno.ENOSPC, f"No space left on device ({FAULT_ENV})")
     time.sleep(fault.seconds)
+
+
+def skips_vote(rank, step):
+    """In step ``step``'s NaN/Inf vote (NonFiniteGuard.skip_step): whether this rank leaves it out,
+    planned as kind=skip-vote (a rank-divergent collective, for the flight recorder's tests)."""
+    fault = _planned(FAULT_ENV)
+    return bool(fault and fault.kind == "skip-vote" and fault.applies_to(rank) and fault.step == step)
 
 
 def loss_computed(rank, step, loss):

@@ -11,7 +11,9 @@ from pathlib import Path
 
 TASK = '''\
 """Written by tests/support/user_task.py: a model and a data set of a user's own."""
+import os
 import random
+import time
 
 import numpy as np
 import torch
@@ -72,6 +74,51 @@ def not_a_pair(data_dir):
 
 def two_values(data_dir):
     return Points(96, 1, augment=False), Points(32, 2, augment=False)
+
+
+class RankOneAverages(nn.Module):
+    """An edit that hangs a job: at its 5th training step rank 1 alone averages a metric
+    (``shapes``: each rank averages one, of a shape that differs: Horovod's own mismatch)."""
+
+    def __init__(self, num_classes, in_channels, shapes=False):
+        super().__init__()
+        self.net, self.calls, self.shapes = build(num_classes, in_channels), 0, shapes
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == 5 and self.shapes:
+                import horovod.torch as hvd
+                hvd.allreduce(torch.ones(3 + hvd.rank()), name="user.metric")
+            elif self.calls == 5:
+                import horovod.torch as hvd
+                if hvd.rank() == 1:
+                    hvd.allreduce(torch.ones(3), name="user.rank1_only_metric")
+        return self.net(x)
+
+
+def diverging(num_classes, in_channels):
+    return RankOneAverages(num_classes, in_channels)
+
+
+def mismatching(num_classes, in_channels):
+    return RankOneAverages(num_classes, in_channels, shapes=True)
+
+
+class StuckOnRankOne(Points):
+    """Rank 1's 100th read never returns (a lost network file system, a deadlocked decoder)."""
+
+    reads = 0
+
+    def __getitem__(self, index):
+        StuckOnRankOne.reads += 1
+        if StuckOnRankOne.reads == 100 and os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK")) == "1":
+            time.sleep(3600)
+        return super().__getitem__(index)
+
+
+def stuck(data_dir):
+    return StuckOnRankOne(96, 1, augment=False), Points(32, 2, augment=False), 3
 '''
 
 

@@ -13,11 +13,13 @@ import time
 import traceback
 
 from hvdtrain.errors import FAILED_EXIT, TRACEBACK_ENV, launched, launcher_rank
+from hvdtrain.liveness import recorder as flight
 
 # Exiting runs Horovod's shutdown; when a peer is gone it can wait for that peer.
 EXIT_GRACE_SECONDS = 10
 
 _last_step = None  # the latest finished step, for the one-line reports
+REPORTING = threading.Event()  # this rank is saying why it fails: the watchdog adds no line of its own
 
 
 def note_step(step):
@@ -29,7 +31,13 @@ def note_step(step):
 def is_peer_failure(error):
     """True for the errors a rank gets when another rank died or left mid-collective."""
     name = type(error).__name__
-    return name == "HorovodInternalError" or "gloo" in str(error).lower()
+    return (name == "HorovodInternalError" or "gloo" in str(error).lower()) and not is_mismatch(error)
+
+
+def is_mismatch(error):
+    """Horovod found that the ranks made one collective (one name) with different tensors or ops:
+    "Mismatched ALLREDUCE tensor shapes", "Mismatched MPI operations", "Mismatched data types"."""
+    return "Mismatched" in str(error)
 
 
 # Who else is alive (peers.py, set once the heartbeat runs): on a peer
@@ -52,6 +60,9 @@ def failure_line(error, who, detail=""):
     if is_peer_failure(error):
         return (f"{who}: error: a collective failed{after}: another rank died, froze or left the job"
                 f"{'; ' + detail if detail else ''} ({type(error).__name__}: {first_line})")
+    if is_mismatch(error):
+        return (f"{who}: error: the ranks made one collective with different tensors{after} (Horovod: "
+                f"{str(error).strip().splitlines()[0][:300]}){': ' + detail if detail else ''}")
     where = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
     place = f" at {os.path.relpath(where.filename)}:{where.lineno} in {where.name}" if where else ""
     return (f"{who}: error: {type(error).__name__}{after}: {first_line}{place} "
@@ -60,12 +71,19 @@ def failure_line(error, who, detail=""):
 
 def report(error):
     """Print ``error`` as one line (the traceback only on request), then exit 1."""
+    REPORTING.set()
     if os.environ.get(TRACEBACK_ENV) == "1":
         traceback.print_exception(error)
     who = f"rank {launcher_rank()}" if launched() else os.path.basename(sys.argv[0])
-    # A lost node fails the collective on every survivor at once: one line (rank 0's) for the job.
-    witness = _witness if is_peer_failure(error) else None
-    detail = witness.on_peer_failure() if witness else ""
+    # A lost node fails the collective on every survivor at once: one line (rank 0's) for the job;
+    # so does a mismatch Horovod found, every rank's side of it in that line.
+    witness = _witness if is_peer_failure(error) or is_mismatch(error) else None
+    if flight.RECORDER is not None:
+        flight.RECORDER.dump(f"{type(error).__name__} after step {_last_step}")
+    if witness is None:
+        detail = "" if not is_mismatch(error) else flight.sides({flight.RECORDER.rank: flight.RECORDER.status()}) if flight.RECORDER else ""
+    else:
+        detail = witness.on_mismatch() if is_mismatch(error) else witness.on_peer_failure()
     if detail is not None:
         print(failure_line(error, who, detail), file=sys.stderr, flush=True)
         if witness:

@@ -33,6 +33,7 @@ they are ``node-a``. Trusting the name, a rank on the second such node took rank
 had no deputy; so a lost node went unnamed. Names shared by several nodes are
 said once at start, and a lost one is named by its address.
 """
+import json
 import os
 import socket
 import sys
@@ -40,7 +41,7 @@ import threading
 import time
 from pathlib import Path
 
-from hvdtrain.liveness import teardown
+from hvdtrain.liveness import recorder as flight, teardown
 
 BEAT_SECONDS = 2.0
 SILENT_SECONDS = 10.0  # not heard for this long: frozen, dead or cut off
@@ -48,13 +49,16 @@ SILENT_SECONDS = 10.0  # not heard for this long: frozen, dead or cut off
 LOST_AFTER_SECONDS = 2 * BEAT_SECONDS + 0.5
 LINGER_SECONDS = 15.0  # a quiet rank waits this long at most for the speaker's line
 REPORTED = b"reported"  # a listener to every rank: the job's one line is out
+DATAGRAM = 2048  # a beat: the rank, then its flight-recorder status (recorder.FlightRecorder.status), as JSON
+SUMMARY_SECONDS = 1.0  # a listener recomputes the summary its answers carry at most this often
 PORT_ENV = "HVDTRAIN_HEARTBEAT_PORT"  # rank 0's UDP port (default: any free one); the deputy's is the next
 
 
 class Peers:
     """This rank's side of the heartbeat: rank 0 and the deputy listen and answer, every rank beats."""
 
-    def __init__(self, rank, hosts, listeners, beating=None, listening=None, step=lambda: None, nodes=None):
+    def __init__(self, rank, hosts, listeners, beating=None, listening=None, step=lambda: None, nodes=None,
+                 status=None):
         self.rank = rank
         self.hosts = hosts  # rank -> host name, the same list on every rank
         self.nodes = hosts if nodes is None else nodes  # rank -> node (this_node), the same on every rank
@@ -64,6 +68,11 @@ class Peers:
         self.beating = beating  # this rank's socket for its beats and the answers
         self.listening = listening  # a listener's socket: beats in, answers and the announcement out
         self.step = step  # the latest finished step, sent along (for the record)
+        self.status = status  # () -> this rank's flight-recorder status (a dict), sent along; None: the step
+        self.statuses = {}  # a listener: rank -> the latest status it sent (raw JSON bytes)
+        self.received = [0, 0]  # a listener: datagrams and bytes heard (tools/liveness_sim.py reads them)
+        self.summary = ""  # what the listeners say the job does now (their answers carry it)
+        self._summary_made = 0.0
         self.started = time.monotonic()
         self.heard = {}  # a listener: rank -> when it was last heard from
         self.senders = {}  # a listener: rank -> the address its heartbeats come from
@@ -168,6 +177,37 @@ class Peers:
             time.sleep(0.2)
         return None  # the speaker has spoken, or is heard and will
 
+    def on_mismatch(self):
+        """Horovod found a mismatch (one collective, different tensors on the ranks): every rank raises.
+
+        Each beats at once, its status carrying its side (recorder.FlightRecorder.failed); the
+        speaker waits up to two beats for every rank's side and returns them for its line,
+        "rank 0: user.metric float32[3] at m.py:10; rank 1: user.metric float32[4] at m.py:10";
+        the others stay quiet (None) until it has spoken.
+        """
+        self.beat_now()
+        if self.speaker(LOST_AFTER_SECONDS) != self.rank:
+            self.reported.wait(LINGER_SECONDS)
+            return None
+        statuses = self.heard_statuses()
+        deadline = time.monotonic() + 2 * BEAT_SECONDS
+        while time.monotonic() < deadline and not all("failed" in status for status in statuses.values()):
+            time.sleep(0.1)
+            statuses = self.heard_statuses()
+        return flight.sides(statuses, rank_list)
+
+    def beat_now(self):
+        """One beat now, outside the heartbeat's rhythm (a status the listeners must have at once)."""
+        if self.beating is None:
+            return
+        message = self._message()
+        for addresses in self.listeners.values():
+            for address in addresses:
+                try:
+                    self.beating.sendto(message, address)
+                except OSError:
+                    pass
+
     def _name_the_lost(self):
         deadline = time.monotonic() + LOST_AFTER_SECONDS + BEAT_SECONDS
         while not self.silent_ranks(LOST_AFTER_SECONDS) and time.monotonic() < deadline:
@@ -192,18 +232,43 @@ class Peers:
             except OSError:
                 pass
 
+    def heard_statuses(self, seconds=SILENT_SECONDS):
+        """A listener: {rank: status} of the ranks heard within ``seconds``, this rank's own included."""
+        now = time.monotonic()
+        found = {}
+        for rank, raw in list(self.statuses.items()):
+            if now - self.heard.get(rank, float("-inf")) <= seconds:
+                try:
+                    found[rank] = json.loads(raw)
+                except ValueError:
+                    pass
+        if self.status is not None:
+            found[self.rank] = self.status()
+        return found
+
+    def _answer(self):
+        """A listener's answer to a beat: its rank, and what the job does now (``summary``)."""
+        now = time.monotonic()
+        if now - self._summary_made > SUMMARY_SECONDS and self.status is not None:
+            self._summary_made = now
+            self.summary = job_summary(self.heard_statuses())
+        return f"{self.rank}|{self.summary}".encode()[:DATAGRAM]
+
     def _listen(self):
-        answer = str(self.rank).encode()
         while True:
             try:
-                data, sender = self.listening.recvfrom(256)
-                rank = int(data.split(b" ", 1)[0])
+                data, sender = self.listening.recvfrom(DATAGRAM)
+                head, _, status = data.partition(b" ")
+                rank = int(head)
             except (OSError, ValueError):
                 continue
+            self.received[0], self.received[1] = self.received[0] + 1, self.received[1] + len(data)
             if 0 <= rank < len(self.hosts) and rank != self.rank:
                 self.heard[rank], self.senders[rank] = time.monotonic(), sender
+                if status.startswith(b"{"):
+                    self.statuses[rank] = status
                 try:
-                    self.listening.sendto(answer, sender)
+                    self.listening.sendto(self._answer(), sender)
                 except OSError:  # its network is gone: it stays unheard
                     pass
 
@@ -211,7 +276,7 @@ class Peers:
         beating = self.beating
         beating.settimeout(BEAT_SECONDS)
         while True:
-            message = f"{self.rank} {self.step()}".encode()
+            message = self._message()
             for addresses in self.listeners.values():
                 for address in addresses:
                     try:
@@ -221,7 +286,7 @@ class Peers:
             deadline = time.monotonic() + BEAT_SECONDS
             while time.monotonic() < deadline:
                 try:
-                    answer, _ = beating.recvfrom(16)
+                    answer, _ = beating.recvfrom(DATAGRAM)
                 except socket.timeout:
                     break
                 except OSError:  # a refused send, reported here: wait for the next beat
@@ -229,9 +294,23 @@ class Peers:
                     continue
                 if answer == REPORTED:
                     self.reported.set()
-                elif answer.isdigit() and int(answer) in self.answered:
-                    self.answered[int(answer)] = time.monotonic()
-                    self.answered_once.add(int(answer))
+                    continue
+                head, _, summary = answer.partition(b"|")
+                if head.isdigit() and int(head) in self.answered:
+                    self.answered[int(head)] = time.monotonic()
+                    self.answered_once.add(int(head))
+                    if summary:
+                        self.summary = summary.decode(errors="replace")
+
+    def _message(self):
+        """A beat: "RANK {status JSON}", or "RANK STEP" without a recorder."""
+        if self.status is None:
+            return f"{self.rank} {self.step()}".encode()
+        try:
+            text = json.dumps(self.status(), separators=(",", ":"))
+        except Exception:  # noqa: BLE001 - a beat must go out, status or not
+            text = "{}"
+        return f"{self.rank} {text}".encode()[:DATAGRAM]
 
 
 def judged_limit(seconds):
@@ -270,12 +349,28 @@ def shared_names(hosts, nodes):
     return {host: len(named) for host, named in nodes_named.items() if len(named) > 1}
 
 
-def start(rank, hosts, nodes, step, broadcast):
+def job_summary(statuses):
+    """The collective most ranks wait in now, from their statuses: "ranks 0, 2-1023 wait in allreduce
+    65 gradients (#1235, train_cnn.py:210)"; "" when no rank waits in one."""
+    groups = {}
+    for rank, status in statuses.items():
+        if status.get("first") is not None:
+            groups.setdefault(flight.describe(status), []).append(rank)
+    if not groups:
+        return ""
+    verb, ranks = max(groups.items(), key=lambda item: len(item[1]))
+    if len(ranks) > 1:
+        verb = verb.replace("waits in", "wait in", 1).replace("is in", "are in", 1)
+    return f"{rank_list(ranks)} {verb}"[:DATAGRAM - 16]
+
+
+def start(rank, hosts, nodes, step, broadcast, status=None):
     """Every rank's heartbeat; collective (the listeners' addresses out).
 
     ``hosts``, ``nodes``: every rank's, in rank order (dist.setup gathers them), the same on
     every rank, so all agree on the deputy. ``broadcast(obj, root_rank, name)``: the
     runtime's (collectives.broadcast_object); this module makes no collective of its own.
+    ``status()``: this rank's flight-recorder status, which every beat carries.
     """
     node = nodes[rank]
     if rank == 0:
@@ -298,7 +393,7 @@ def start(rank, hosts, nodes, step, broadcast):
             addresses = ["127.0.0.1"]  # the listener's own node: the loopback always reaches it
         if listener != rank:
             listeners[listener] = [(address, listener_port) for address in addresses]
-    return Peers(rank, hosts, listeners, _udp_socket(0), listening, step, nodes)
+    return Peers(rank, hosts, listeners, _udp_socket(0), listening, step, nodes, status)
 
 
 def _udp_socket(port):

@@ -10,12 +10,12 @@ import os
 import sys
 import threading
 import time
-import traceback
 
 from hvdtrain.errors import WATCHDOG_EXIT, UsageError
 from hvdtrain import durations, testhooks
-from hvdtrain.liveness import failures, teardown
-from hvdtrain.liveness.peers import judged_limit
+from hvdtrain.liveness import failures, recorder as flight, teardown
+from hvdtrain.liveness.peers import judged_limit, rank_list
+from hvdtrain.liveness.recorder import main_thread_place as _main_thread_place
 
 # A rank that freezes (alive but silent) would otherwise hang the job forever:
 # Horovod's stall check only warns unless a shutdown time is set, and with the
@@ -83,6 +83,8 @@ class Watchdog:
             self.recent.append(now - self.last_beat)  # not the first step: it may compile
         self.step_number = number if number is not None else (self.step_number or 0) + 1
         self.last_beat = now
+        if flight.RECORDER is not None:
+            flight.RECORDER.step = self.step_number
         failures.note_step(self.step_number)
         testhooks.after_step(self.rank, self.step_number)  # test-only fault injection (HVDTRAIN_FAULT)
 
@@ -131,7 +133,7 @@ class Watchdog:
             lost = not frozen and silent > self.step_limit()[0] and self._peers_lost()
             if lost:  # inside a long phase, waiting for ranks that will not come: the step limit
                 limit, why = self._lost_limit()
-            if silent <= limit:
+            if silent <= limit or failures.REPORTING.is_set():  # a failure's line is being said: that one
                 frozen = 0.0  # progress since: stopped and continued (Ctrl-Z, fg) is no hang
             elif frozen or lost or silent > limit + WAITING_GRACE_SECONDS or not _main_thread_place()[0]:
                 if not frozen and self._another_rank_speaks(lost):
@@ -141,7 +143,9 @@ class Watchdog:
                     while self.peers.speaker() != self.rank and not self.peers.reported.is_set():
                         time.sleep(1.0)
                 if self.peers is not None and (self.rank != 0 or frozen) and self.peers.reported.wait(2.0):
+                    self._dump("the watchdog (another rank spoke)")
                     os._exit(WATCHDOG_EXIT)  # the speaker has named this rank already
+                self._dump("the watchdog")
                 print(f"rank {self.rank}: error: {self._cause(silent, frozen, lost)}; aborting "
                       f"(limit {limit:.0f} s: {why})", file=sys.stderr, flush=True)
                 if self.peers is not None and self.peers.listens:
@@ -182,13 +186,33 @@ class Watchdog:
                     f"will not join" + (f"; {missing}" if missing else ""))
         if self.current_phase:
             return f"{self.current_phase} took more than {silent:.0f} s"
-        waiting, place = _main_thread_place()
+        waiting, place, doing = _main_thread_place()
         if waiting:
             missing = self._missing()
+            diverged = None if missing else self._divergence()
+            if diverged:
+                return f"no training progress for {silent:.0f} s {self._when()}: {diverged}"
             return (f"no training progress for {silent:.0f} s {self._when()}: waiting in a collective for "
                     f"another rank that is frozen, deadlocked or dead" + (f"; {missing}" if missing else ""))
+        others = self.peers.summary if self.peers is not None else ""
+        stuck = "in its data loader" if doing == "data loader" else "outside any collective"
         return (f"no training progress for {silent:.0f} s {self._when()}: this rank's main thread is stuck "
-                f"outside any collective, at {place}")
+                f"{stuck}, at {place}" + (f", while {others}" if others else ""))
+
+    def _divergence(self):
+        """A listener that heard every rank: which ranks wait in which collective and which rank is
+        elsewhere (flight recorder statuses, recorder.divergence), or None where they agree."""
+        if self.peers is None or not self.peers.listens:
+            return None
+        statuses = self.peers.heard_statuses()
+        if len(statuses) < len(self.peers.hosts):
+            return None
+        return flight.divergence(statuses, rank_list)
+
+    def _dump(self, reason):
+        """This rank's recent collectives, written beside the run's output (recorder.dump)."""
+        if flight.RECORDER is not None:
+            flight.RECORDER.dump(f"{reason} after step {self.step_number}")
 
     def _missing(self):
         """A listener's "not heard from ranks ... (all 4 on node-d) ...", else ""."""
@@ -196,17 +220,6 @@ class Watchdog:
 
     def _when(self):
         return "before the first step" if self.step_number is None else f"after step {self.step_number}"
-
-
-def _main_thread_place():
-    """(waiting in Horovod?, "file:line in function") of the main thread's innermost frame."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    stack = traceback.extract_stack(frame) if frame else []
-    if not stack:
-        return False, "an unknown place"
-    waiting = any(f"{os.sep}horovod{os.sep}" in entry.filename for entry in stack)
-    innermost = stack[-1]
-    return waiting, f"{os.path.relpath(innermost.filename)}:{innermost.lineno} in {innermost.name}"
 
 
 def from_env(rank):

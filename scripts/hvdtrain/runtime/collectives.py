@@ -9,12 +9,17 @@ name Horovod matches the ranks' requests by, and the one a hang report shows).
 The scripts make their own Horovod calls in plain sight (hvd.init,
 hvd.DistributedOptimizer, hvd.elastic.run) and call these for the rest.
 """
+import os
 import pickle
+import sys
 
 import torch
 import horovod.torch as hvd
 
 from hvdtrain.errors import Agreement
+from hvdtrain.liveness.recorder import GRADIENT
+
+_OPTIMIZER = os.path.join("horovod", "torch", "optimizer.py")
 
 _BROADCAST_GROUP = 64  # tensors in flight at once in broadcast_state
 
@@ -173,3 +178,67 @@ def broadcast_state(state, root_rank=0):
         for handle in handles:
             hvd.synchronize(handle)
     return result
+
+
+# ----------------------------------------------------------------------------- the flight recorder
+_SUBMITTERS = {  # horovod.torch.mpi_ops' private submission functions: every collective passes one
+    "_allreduce_async": "allreduce", "_grouped_allreduce_async": "grouped_allreduce",
+    "_allgather_async": "allgather", "_grouped_allgather_async": "grouped_allgather",
+    "_broadcast_async": "broadcast", "_alltoall_async": "alltoall",
+    "_reducescatter_async": "reducescatter", "_grouped_reducescatter_async": "grouped_reducescatter",
+}
+
+
+def record_into(recorder):
+    """Every collective of this process into ``recorder`` (liveness/recorder.py), once: Horovod's
+    own (DistributedOptimizer's gradients, a user's hvd.allreduce) and this module's alike.
+
+    Each of horovod.torch's functions submits through one private function of its
+    mpi_ops module and completes in ``synchronize``; those are wrapped, in mpi_ops and
+    where Horovod imported them by name (its optimizer, its functions).
+    """
+    from horovod.torch import mpi_ops
+    if getattr(mpi_ops, "_hvdtrain_recorded", False):
+        return
+    for function, op in _SUBMITTERS.items():
+        if hasattr(mpi_ops, function):
+            setattr(mpi_ops, function, _recorded_submission(getattr(mpi_ops, function), op, recorder))
+    original = mpi_ops.synchronize
+    synchronize = _recorded_completion(original, recorder)
+    for name, module in list(sys.modules.items()):  # mpi_ops, and where it was imported by name
+        if name.startswith("horovod.torch") and getattr(module, "synchronize", None) is original:
+            module.synchronize = synchronize
+    mpi_ops._hvdtrain_recorded = True
+
+
+_NAME_AT = {"broadcast": 2, "alltoall": 3}  # the name's position after the tensor; 1 for the others
+
+
+def _recorded_submission(submit, op, recorder):
+    at = _NAME_AT.get(op, 1)
+
+    def recorded(tensor, *args, **kwargs):
+        handle = submit(tensor, *args, **kwargs)
+        name = kwargs["name"] if "name" in kwargs else args[at] if len(args) > at else None
+        gradient = (sys._getframe(2).f_code.co_filename.endswith(_OPTIMIZER)
+                    or sys._getframe(3).f_code.co_filename.endswith(_OPTIMIZER))
+        if gradient:
+            name = f"{GRADIENT}{name}"  # DistributedOptimizer's: Horovod names them by parameter
+        first = tensor[0] if isinstance(tensor, (list, tuple)) else tensor
+        more = len(tensor) - 1 if first is not tensor else 0
+        recorder.submitted(handle, op, name if isinstance(name, str) else str(name), (first.dtype, first.shape, more),
+                           burst=gradient)
+        return handle
+    return recorded
+
+
+def _recorded_completion(synchronize, recorder):
+    def recorded(handle):
+        try:
+            output = synchronize(handle)
+        except Exception:
+            recorder.failed_at(handle)
+            raise
+        recorder.completed(handle)
+        return output
+    return recorded

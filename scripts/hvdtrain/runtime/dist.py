@@ -18,7 +18,7 @@ import horovod.torch as hvd
 
 from hvdtrain import testhooks
 from hvdtrain.errors import UsageError
-from hvdtrain.liveness import failures, peers, watchdog as watchdog_module
+from hvdtrain.liveness import failures, peers, recorder as flight, watchdog as watchdog_module
 from hvdtrain.runtime import collectives, horovod_profile
 
 # HOROVOD_CYCLE_TIME (ms) under the Gloo controller (horovodrun --gloo, --elastic) unless
@@ -64,6 +64,8 @@ class Context:
         self.rank, self.size, self.local_rank, self.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
         self.watchdog.rank = self.rank
         self.gathered_placement = None  # another world: gathered again where it is needed
+        if flight.RECORDER is not None:
+            flight.RECORDER.new_world(self.rank)
 
 
 def _this_rank(ctx):
@@ -161,6 +163,9 @@ def setup(use_cuda=True, threads=None, elastic=False):
 
     ctx = Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
                   device=device, watchdog=watchdog_module.from_env(hvd.rank()))
+    # Every collective from here on (Horovod's, the gradients', a user's) in the flight recorder
+    if flight.enabled(os.environ):
+        collectives.record_into(flight.install(ctx.rank))
     if not elastic and ctx.size > 1:
         placement = ctx.placement()  # collective
         # Ranks that each see one GPU, the same one, would fail in NCCL's first collective,
@@ -171,7 +176,8 @@ def setup(use_cuda=True, threads=None, elastic=False):
         # Who else is alive, so a hang can name the lost ranks and hosts (collective: the listeners' addresses).
         ctx.watchdog.peers = peers.start(ctx.rank, [place["host"] for place in placement],
                                          [place["node"] for place in placement],
-                                         step=lambda: ctx.watchdog.step_number, broadcast=collectives.broadcast_object)
+                                         step=lambda: ctx.watchdog.step_number, broadcast=collectives.broadcast_object,
+                                         status=flight.RECORDER.status if flight.RECORDER else None)
         failures.set_peer_witness(ctx.watchdog.peers)  # a lost peer: one line, rank 0's, naming it
     return ctx
 

@@ -29,10 +29,14 @@ from pathlib import Path
 
 from hvdtrain import cli, durations
 from hvdtrain.errors import UsageError
+from hvdtrain.liveness import recorder as flight
 from hvdtrain.runtime import checkpoint_files, collectives, settings as settings_module, stragglers
 from hvdtrain.runtime.cadence import CheckpointManager
 from hvdtrain.runtime.outdir_lock import OutputDirLock
 from hvdtrain.runtime.runlog import RunLog
+
+
+FLIGHT_DIR = "flight-recorder"  # in --output-dir: each rank's recent collectives, when a job ends early
 
 
 @dataclass
@@ -89,6 +93,8 @@ class Run:
         """
         self.ctx.follow_world()
         self.stragglers.new_world(self.ctx.rank, self.ctx.size)
+        if flight.RECORDER is not None:  # a hang's or a failure's record of collectives lands beside the run's
+            flight.RECORDER.dump_dir = Path(self.settings.output_dir) / FLIGHT_DIR
         if self.commits.started:
             self._log_follows_rank_0()
             begun = "reset"
@@ -229,6 +235,8 @@ class Run:
         """A stop before the end, after its checkpoint (``save(stopping=True)``): the results so far,
         and how to go on."""
         self._write_results({**results, "completed": False})
+        if flight.RECORDER is not None:
+            flight.RECORDER.dump(f"stopped by {reason} at step {self.state.step}")
         # The command to print resumes: no --no-resume (it deletes the checkpoint), no --stop-after.
         self.log.info(f"stopped by {reason} at step {self.state.step}: checkpoint written to "
                       f"{self.settings.output_dir}; to continue, relaunch with the same launcher: "

@@ -108,11 +108,12 @@ def check_args(args, ctx):
             "workers": (4 if args.dataset == "imagefolder" else 0) if args.workers is None else args.workers}
 
 
-def data_facts(args, train_set, val_set, model):
+def data_facts(args, train_set, val_set, model=None):
     """What every rank's data and model must share beyond the settings' train_samples and num_classes."""
-    facts = {"val_samples": len(val_set),
-             "model_sha256": consistency.digest(f"{name} {tuple(tensor.shape)} {tensor.dtype}"
-                                                for name, tensor in model.state_dict().items())}
+    facts = {"val_samples": len(val_set)}
+    if model is not None:  # its parameters' names, shapes and types: ranks that imported other code differ
+        facts["model_sha256"] = consistency.digest(f"{name} {tuple(tensor.shape)} {tensor.dtype}"
+                                                   for name, tensor in model.state_dict().items())
     if isinstance(train_set, images.ImageFolder):  # its files, relative to --data (a per-node path)
         facts["image_files_sha256"] = consistency.digest(
             f"{os.path.relpath(path, args.data)} {label}" for path, label in train_set.samples + val_set.samples)

@@ -1,0 +1,285 @@
+"""The flight recorder: every rank's recent collectives, so a hang names the collective it diverged at.
+
+The most common hang in an edited script is not a dead rank but a rank-divergent
+collective: code that runs a collective on some ranks and not on others (a metric
+averaged on rank 0 alone, an early ``continue`` on one rank, another tensor name).
+Every rank waits forever, each in another collective. So each rank keeps its last
+``CAPACITY`` collectives (Horovod's and the package's, the gradients' too: every
+submission through horovod.torch, hooked once by ``runtime.collectives.record_into``):
+a per-rank sequence number, the op, the name, the tensors' shapes and dtypes, when it
+was submitted and done, and the script line that made it (the innermost frame outside
+the libraries: the user's line, or the trainer's).
+
+A summary of it (``status``) rides on every heartbeat datagram (liveness/peers.py), so
+rank 0 knows where every rank is without Horovod, which is the thing that is stuck; the
+watchdog's one line then says which ranks wait in which collective and which rank is
+where instead (``divergence``). Each rank also writes its records as JSON
+(``dump``) when the job ends by the watchdog, a failure or a signal;
+scripts/flight_dumps.py merges them and prints the same finding.
+
+No torch, no Horovod here: the 1,024-rank simulation (tools/liveness_sim.py) runs it.
+"""
+import collections
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+CAPACITY = 256  # records per rank: a step's gradient tensors and the votes around them, several steps back
+LIBRARIES = tuple(os.sep + part + os.sep for part in ("hvdtrain", "horovod", "torch", "transformers"))
+# Frames of these files are no script line: contextlib, threading, the recorder's own hooks.
+_SKIPPED_FILES = ("contextlib.py", "threading.py", "functools.py")
+
+
+def script_line(skip=2):
+    """"train_cnn.py:214": the innermost frame outside the libraries (the package, Horovod, torch),
+    the line that made the collective; where there is none, the innermost frame."""
+    frame = sys._getframe(skip)
+    first = None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if first is None:
+            first = frame
+        if not any(part in name for part in LIBRARIES) and not name.endswith(_SKIPPED_FILES) \
+                and not name.startswith("<"):
+            return f"{os.path.basename(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return f"{os.path.basename(first.f_code.co_filename)}:{first.f_lineno}" if first else "?"
+
+
+class Record:
+    """One collective: its sequence number, op, name, tensors, script line, when submitted and done
+    (None while in flight). ``tensors``: (dtype, shape, how many more), written out only when read."""
+
+    __slots__ = ("seq", "op", "name", "tensors", "where", "submitted", "done")
+
+    def __init__(self, seq, op, name, tensors, where):
+        self.seq, self.op, self.name, self.tensors, self.where = seq, op, name, tensors, where
+        self.submitted, self.done = time.time(), None
+
+    @property
+    def detail(self):
+        """"float32[64, 3, 3, 3]", and how many more tensors where there are several."""
+        dtype, shape, more = self.tensors
+        text = f"{str(dtype).replace('torch.', '')}{list(shape)}"
+        return f"{text} and {more} more" if more else text
+
+    def as_dict(self):
+        return {"seq": self.seq, "op": self.op, "name": self.name, "detail": self.detail, "where": self.where,
+                "submitted": round(self.submitted, 3), "done": None if self.done is None else round(self.done, 3)}
+
+
+class FlightRecorder:
+    """This rank's recent collectives and what its main thread does between them."""
+
+    def __init__(self, rank, capacity=CAPACITY, place=None):
+        """``place()``: (waiting in a collective?, "file:line", "compute" or "data loader") of the
+        thread that trains: the main thread's (``main_thread_place``), or a simulated rank's."""
+        self.rank = rank
+        self.place = place or main_thread_place
+        self.records = collections.deque(maxlen=capacity)
+        self.seq = 0  # collectives this rank submitted in this world
+        self.in_flight = {}  # handle -> Record
+        self.failed = None  # the Record whose collective raised (a mismatch Horovod found)
+        self.step = None  # the latest finished step (the watchdog's)
+        self.dump_dir = None  # where ``dump`` writes (the run's output directory, Run.begin)
+
+    def new_world(self, rank):
+        """After an --elastic reset: sequence numbers start over with the new world's ranks."""
+        self.rank, self.seq = rank, 0
+        self.in_flight.clear()
+
+    def submitted(self, handle, op, name, tensors, skip=3, burst=False):
+        """A collective submitted (``handle``: what its completion is known by; ``tensors``: (dtype, shape,
+        how many more)). ``burst``: one of a burst of submissions from one line (DistributedOptimizer's
+        gradients, one per parameter during backward): the previous record's script line, if it is one of
+        the burst still in flight, is this one's too (a frame walk per step, not per tensor).
+
+        No lock: a deque append and a dict store are atomic in CPython, and the heartbeat thread only
+        copies them (``waiting_in``): a few microseconds per collective (docs/performance.md).
+        """
+        last = self.records[-1] if self.records else None
+        if burst and last is not None and last.done is None and last.name.startswith(GRADIENT):
+            where = last.where
+        else:
+            where = script_line(skip)
+        self.seq += 1
+        record = Record(self.seq, op, name, tensors, where)
+        self.records.append(record)
+        self.in_flight[handle] = record
+        return record
+
+    def failed_at(self, handle):
+        """The collective of ``handle`` raised: kept as ``failed`` for the one line."""
+        self.failed = self.in_flight.pop(handle, None)
+
+    def completed(self, handle):
+        record = self.in_flight.pop(handle, None)
+        if record is not None:
+            record.done = time.time()
+
+    def waiting_in(self):
+        """The collectives in flight, oldest first."""
+        return sorted(list(self.in_flight.values()), key=lambda record: record.seq)
+
+    def status(self):
+        """What the heartbeat carries: where this rank is, in a few hundred bytes (see ``describe``)."""
+        waiting = self.waiting_in()
+        waiting_main, place, doing = self.place()
+        status = {"rank": self.rank, "step": self.step, "seq": self.seq, "place": place[-120:],
+                  "in": "collective" if waiting_main else doing}
+        if self.failed is not None:
+            status["failed"] = {"name": self.failed.name, "where": self.failed.where, "detail": self.failed.detail}
+        if waiting:
+            first = waiting[0]
+            status.update(op=first.op, name=group_name([record.name for record in waiting]), first=first.seq,
+                          count=len(waiting), where=first.where, since=round(time.time() - first.submitted, 1))
+        return status
+
+    def dump(self, reason):
+        """This rank's records as JSON in ``dump_dir`` (flight-recorder/rank-NNNNN.json); the path, or None."""
+        if self.dump_dir is None:
+            return None
+        records = [record.as_dict() for record in list(self.records)]
+        payload = {"rank": self.rank, "step": self.step, "reason": reason, "written": round(time.time(), 3),
+                   "status": self.status(), "records": records}
+        path = Path(self.dump_dir) / f"rank-{self.rank:05d}.json"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(payload))
+            os.replace(tmp, path)
+        except OSError:
+            return None
+        return path
+
+
+RECORDER = None  # this process's, once dist.setup made it (the watchdog, the heartbeat, failures read it)
+SWITCH_ENV = "HVDTRAIN_FLIGHT_RECORDER"  # 0: no recorder (its cost measured against it: docs/performance.md)
+
+
+def enabled(env):
+    """Whether this process records its collectives (on unless HVDTRAIN_FLIGHT_RECORDER=0)."""
+    return env.get(SWITCH_ENV, "1").strip() != "0"
+
+
+def install(rank):
+    """This process's recorder (one per process)."""
+    global RECORDER
+    RECORDER = FlightRecorder(rank)
+    return RECORDER
+
+
+def main_thread_place():
+    """(waiting in Horovod?, "file:line in function" of its innermost frame, what it does outside a
+    collective: "data loader" or "compute") of the main thread."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    stack = traceback.extract_stack(frame) if frame else []
+    if not stack:
+        return False, "an unknown place", "compute"
+    waiting = any(f"{os.sep}horovod{os.sep}" in entry.filename for entry in stack)
+    loading = any(_DATA_LOADER in entry.filename for entry in stack)
+    innermost = stack[-1]
+    return (waiting, f"{os.path.relpath(innermost.filename)}:{innermost.lineno} in {innermost.name}",
+            "data loader" if loading else "compute")
+
+
+_DATA_LOADER = os.path.join("torch", "utils", "data")
+
+
+GRADIENT = "grad."  # the recorder's prefix for DistributedOptimizer's gradients (Horovod names them by parameter)
+
+
+def group_name(names):
+    """A name for several collectives in flight at once: "65 gradients (grad.conv1.weight, ...)"
+    for DistributedOptimizer's, else the first name and how many more."""
+    if len(names) == 1:
+        return names[0]
+    if all(name.startswith(GRADIENT) for name in names):
+        return f"{len(names)} gradients ({names[0]}, ...)"
+    return f"{names[0]} and {len(names) - 1} more"
+
+
+def describe(status):
+    """One rank's status in words: "waits in allreduce user.metric (#1235, my_model.py:12)",
+    "is in its data loader (at dataloader.py:630 in _next_data)", "is in compute (at ...)"."""
+    if status.get("first") is not None:
+        return f"waits in {status['op']} {status['name']} (#{status['first']}, {status['where']})"
+    if status.get("in") == "data loader":
+        return f"is in its data loader (at {status.get('place')})"
+    return f"is in {status.get('in', 'compute')} outside any collective (at {status.get('place')})"
+
+
+def divergence(statuses, rank_list):
+    """The one line's finding from every rank's status ({rank: status}), or None where all agree.
+
+    The ranks grouped by what they do: the same collective (op and name), or none; where
+    the groups differ, "ranks 0, 2-1023 wait in allreduce 65 gradients (#1235, train_cnn.py:210);
+    rank 1 waits in allreduce user.metric (#1235, my_model.py:12): the ranks made different
+    collectives". ``rank_list`` writes rank numbers as ranges (peers.rank_list).
+    """
+    groups = collections.OrderedDict()
+    for rank in sorted(statuses):
+        status = statuses[rank]
+        key = (status.get("op"), status.get("name")) if status.get("first") is not None else ("-", status.get("in"))
+        groups.setdefault(key, []).append(rank)
+    if len(groups) < 2:
+        return None
+    parts = []
+    for ranks in sorted(groups.values(), key=len, reverse=True):  # the many first, the odd ones out after
+        verb = describe(statuses[ranks[0]])
+        if len(ranks) > 1:
+            verb = verb.replace("waits in", "wait in", 1).replace("is in", "are in", 1)
+        parts.append(f"{rank_list(ranks)} {verb}")
+    waiting = [key for key in groups if key[0] != "-"]
+    cause = ("the ranks made different collectives" if len(waiting) > 1 else
+             f"{rank_list([r for key, ranks in groups.items() if key[0] == '-' for r in ranks])} never reached "
+             "the collective")
+    return "; ".join(parts) + f": {cause}"
+
+
+def sides(statuses, rank_list=None):
+    """A failed collective on each side: "rank 0: user.metric float32[3] at m.py:10; rank 1: user.metric
+    float32[4] at m.py:10" (ranks with the same one grouped), from statuses with a "failed" record."""
+    groups = {}
+    for rank, status in sorted(statuses.items()):
+        failed = status.get("failed")
+        if failed:
+            groups.setdefault(f"{failed['name']} {failed['detail']} at {failed['where']}", []).append(rank)
+    names = rank_list or (lambda ranks: ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(map(str, ranks)))
+    return "; ".join(f"{names(ranks)}: {text}" for text, ranks in groups.items())
+
+
+def read_dumps(directory):
+    """{rank: dump} of every rank-*.json in ``directory``."""
+    dumps = {}
+    for path in sorted(Path(directory).glob("rank-*.json")):
+        try:
+            dump = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        dumps[dump["rank"]] = dump
+    return dumps
+
+
+def first_difference(dumps):
+    """Where the ranks' records first differ: (seq, {rank: record or None}), or None where they agree.
+
+    Records are matched by sequence number; a rank without a record of that number (it
+    never made it, or its dump ends earlier) counts as a difference only while it made
+    collectives after the others stopped agreeing.
+    """
+    by_rank = {rank: {record["seq"]: record for record in dump["records"]} for rank, dump in dumps.items()}
+    seqs = sorted({seq for records in by_rank.values() for seq in records})
+    oldest_kept = max(min(records) for records in by_rank.values() if records) if any(by_rank.values()) else 0
+    for seq in seqs:
+        if seq < oldest_kept:
+            continue  # some rank's ring buffer no longer holds it
+        at = {rank: records.get(seq) for rank, records in by_rank.items()}
+        kinds = {(record["op"], record["name"]) if record else None for record in at.values()}
+        if len(kinds) > 1:
+            return seq, at
+    return None
