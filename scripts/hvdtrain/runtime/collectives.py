@@ -199,16 +199,26 @@ def record_into(recorder):
     """
     from horovod.torch import mpi_ops
     if getattr(mpi_ops, "_hvdtrain_recorded", False):
-        return
+        return None
+    swapped = []  # (module, attribute, original): what ``undo`` puts back (tools/measure_flight_recorder.py)
     for function, op in _SUBMITTERS.items():
         if hasattr(mpi_ops, function):
+            swapped.append((mpi_ops, function, getattr(mpi_ops, function)))
             setattr(mpi_ops, function, _recorded_submission(getattr(mpi_ops, function), op, recorder))
     original = mpi_ops.synchronize
     synchronize = _recorded_completion(original, recorder)
     for name, module in list(sys.modules.items()):  # mpi_ops, and where it was imported by name
         if name.startswith("horovod.torch") and getattr(module, "synchronize", None) is original:
+            swapped.append((module, "synchronize", original))
             module.synchronize = synchronize
     mpi_ops._hvdtrain_recorded = True
+    recorded = [(module, attribute, getattr(module, attribute)) for module, attribute, _ in swapped]
+
+    def switch(on):
+        """The hooks in (True) or out (False): the recorder's cost, measured in one job."""
+        for module, attribute, function in (recorded if on else swapped):
+            setattr(module, attribute, function)
+    return switch
 
 
 _NAME_AT = {"broadcast": 2, "alltoall": 3}  # the name's position after the tensor; 1 for the others
