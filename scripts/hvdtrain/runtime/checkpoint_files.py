@@ -150,7 +150,8 @@ def clear_run_outputs(directory):
     for stale in [*directory.glob("step-*.pt*"), directory / "best.pt", checksum_path(directory / "best.pt"),
                   directory / "metrics.jsonl", directory / "stragglers.jsonl", directory / "results.json"]:
         stale.unlink(missing_ok=True)
-    shutil.rmtree(directory / "tensorboard", ignore_errors=True)
+    for folder in ("tensorboard", "flight-recorder"):  # the last run's events, its ranks' collectives
+        shutil.rmtree(directory / folder, ignore_errors=True)
 
 
 def load_init_checkpoint(path):
