@@ -28,6 +28,7 @@ import time
 import traceback
 from pathlib import Path
 
+DUMP_DIR = "flight-recorder"  # in the run's --output-dir: each rank's dump, rank-NNNNN.json
 CAPACITY = 256  # records per rank: a step's gradient tensors and the votes around them, several steps back
 LIBRARIES = tuple(os.sep + part + os.sep for part in ("hvdtrain", "horovod", "torch", "transformers"))
 # Frames of these files are no script line: contextlib, threading, the recorder's own hooks.

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from hvdtrain.errors import UsageError
+from hvdtrain.liveness.recorder import DUMP_DIR
 
 FORMAT = 2  # the layout below; earlier checkpoints cannot be resumed
 _NAME = re.compile(r"^step-(\d+)\.pt$")
@@ -150,7 +151,7 @@ def clear_run_outputs(directory):
     for stale in [*directory.glob("step-*.pt*"), directory / "best.pt", checksum_path(directory / "best.pt"),
                   directory / "metrics.jsonl", directory / "stragglers.jsonl", directory / "results.json"]:
         stale.unlink(missing_ok=True)
-    for folder in ("tensorboard", "flight-recorder"):  # the last run's events, its ranks' collectives
+    for folder in ("tensorboard", DUMP_DIR):  # the last run's events, its ranks' collectives
         shutil.rmtree(directory / folder, ignore_errors=True)
 
 

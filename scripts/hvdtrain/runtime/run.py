@@ -36,9 +36,6 @@ from hvdtrain.runtime.outdir_lock import OutputDirLock
 from hvdtrain.runtime.runlog import RunLog
 
 
-FLIGHT_DIR = "flight-recorder"  # in --output-dir: each rank's recent collectives, when a job ends early
-
-
 @dataclass
 class TrainState:
     """Where training stands; a checkpoint component. Trainers add their counters."""
@@ -94,7 +91,7 @@ class Run:
         self.ctx.follow_world()
         self.stragglers.new_world(self.ctx.rank, self.ctx.size)
         if flight.RECORDER is not None:  # a hang's or a failure's record of collectives lands beside the run's
-            flight.RECORDER.dump_dir = Path(self.settings.output_dir) / FLIGHT_DIR
+            flight.RECORDER.dump_dir = Path(self.settings.output_dir) / flight.DUMP_DIR
         if self.commits.started:
             self._log_follows_rank_0()
             begun = "reset"
