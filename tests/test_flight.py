@@ -52,12 +52,13 @@ def test_a_rank_divergent_collective_in_user_code_is_named(tmp_path, launcher, n
     ran = launched(launcher, task(tmp_path, model="diverging"), FAST)
     line = one_error_line(ran, "no training progress", status=WATCHDOG_EXIT)
     assert re.search(r"rank 0: error: no training progress for \d+ s after step 4: rank 0 waits in allreduce "
-                     r"\d+ gradients \(grad\.\S+, \.\.\.\) \(#(\d+), train_cnn\.py:\d+\); rank 1 waits in allreduce "
+                     r"\d+ gradients \(grad\.\S+ \.\.\. grad\.\S+\) \(#(\d+), train_cnn\.py:\d+\); rank 1 waits in allreduce "
                      r"user\.rank1_only_metric \(#\1, their_task\.py:\d+\): the ranks made different collectives",
                      line), line
     found = merged(tmp_path)
-    assert re.search(r"first difference at collective #\d+: rank 0 made allreduce grad\.\S+ float32\[[\d, ]+\] at "
-                     r"train_cnn\.py:\d+; rank 1 made allreduce user\.rank1_only_metric float32\[3\] at their_task\.py:\d+",
+    assert re.search(r"first difference at collective #\d+: rank 0 made allreduce \d+ gradients \(grad\.\S+ \.\.\. "
+                     r"grad\.\S+\) float32\[[\d, ]+\] and \d+ more at train_cnn\.py:\d+; rank 1 made allreduce "
+                     r"user\.rank1_only_metric float32\[3\] at their_task\.py:\d+",
                      found), found
     assert "no dump from" not in found, found
 
@@ -90,13 +91,15 @@ def test_a_mismatch_horovod_catches_names_each_sides_line(tmp_path):
 def test_the_divergence_of_1024_ranks_is_one_line_of_ranges():
     """The watchdog's finding at 1,024 ranks: ranks as ranges, the odd one out named."""
     from hvdtrain.liveness import peers, recorder
-    waiting = {"op": "allreduce", "name": "65 gradients (grad.fc.weight, ...)", "first": 4097, "where": "train_cnn.py:220",
+    waiting = {"op": "allreduce", "name": "65 gradients (grad.conv1.weight ... grad.fc.bias)", "first": 4097,
+               "where": "train_cnn.py:220",
                "in": "collective"}
     statuses = {rank: dict(waiting) for rank in range(1024)}
     statuses[517] = {"op": "allreduce", "name": "user.metric", "first": 4097, "where": "m.py:12", "in": "collective"}
     statuses[900] = {"in": "data loader", "place": "their.py:40 in __getitem__"}
     line = recorder.divergence(statuses, peers.rank_list)
-    assert line.startswith("ranks 0-516, 518-899, 901-1023 wait in allreduce 65 gradients (grad.fc.weight, ...) "
+    assert line.startswith("ranks 0-516, 518-899, 901-1023 wait in allreduce 65 gradients (grad.conv1.weight ... "
+                           "grad.fc.bias) "
                            "(#4097, train_cnn.py:220); "), line
     assert "rank 517 waits in allreduce user.metric (#4097, m.py:12)" in line, line
     assert "rank 900 is in its data loader (at their.py:40 in __getitem__)" in line and len(line) < 400, line

@@ -84,7 +84,8 @@ class SimulatedRank:
             names = [ODD_ONE_OUT] if diverging and self.rank == self.odd_one_out else ["grad.fc.weight", "grad.fc.bias"]
             handles = [object() for _ in names]
             for handle, name in zip(handles, names):
-                self.flight.submitted(handle, "allreduce", name, ("float32", (10,), 0), skip=1)
+                self.flight.submitted(handle, "allreduce", name, ("float32", (10,), 0), skip=1,
+                                      burst=name.startswith(recorder.GRADIENT))
             if diverging:  # every rank waits forever, each in the collective it made
                 self.waiting = True
                 return

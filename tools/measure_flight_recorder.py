@@ -34,6 +34,7 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet20", help="a benchmark.py model: resnet20, bert-tiny, ...")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--image-size", type=int, help="the CNN's input size (default: the model's own)")
     parser.add_argument("--blocks", type=int, default=8, help="blocks of each kind, in turn")
     parser.add_argument("--steps", type=int, default=20, help="steps per block")
     return parser.parse_args()
@@ -42,7 +43,7 @@ def parse_args():
 def main():
     args = parse_args()
     options = SimpleNamespace(model=args.model, batch_size=args.batch_size, seq_length=128, vocab_size=30522,
-                              image_size=None, channels_last=False, precision="fp32", amp=False, compile=False,
+                              image_size=args.image_size, channels_last=False, precision="fp32", amp=False, compile=False,
                               accumulation_steps=1, seed=0, cpu=True, threads=None, fp16_allreduce=False,
                               horovod_timeline=None, horovod_autotune=False, horovod_autotune_log=None)
     backend = backends.HorovodBackend(options)  # Horovod: hvd.init(), the ranks' context

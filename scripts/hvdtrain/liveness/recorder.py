@@ -38,7 +38,9 @@ _SKIPPED_FILES = ("contextlib.py", "threading.py", "functools.py")
 def script_line(skip=2):
     """"train_cnn.py:214": the innermost frame outside the libraries (the package, Horovod, torch),
     the line that made the collective; where there is none, the innermost frame."""
-    frame = sys._getframe(skip)
+    frame = sys._getframe(1)
+    for _ in range(skip - 1):  # the caller's callers, as far as the stack goes
+        frame = frame.f_back or frame
     first = None
     while frame is not None:
         name = frame.f_code.co_filename
@@ -53,18 +55,31 @@ def script_line(skip=2):
 
 class Record:
     """One collective: its sequence number, op, name, tensors, script line, when submitted and done
-    (None while in flight). ``tensors``: (dtype, shape, how many more), written out only when read."""
+    (None while in flight). ``tensors``: (dtype, shape, how many more), written out only when read.
 
-    __slots__ = ("seq", "op", "name", "tensors", "where", "submitted", "done")
+    A burst (DistributedOptimizer's gradients: one submission per parameter, from one backward
+    pass) is one record: ``count`` tensors, ``last`` the latest one's name, done once all are.
+    """
+
+    __slots__ = ("seq", "op", "first", "last", "count", "pending", "tensors", "where", "submitted", "done")
 
     def __init__(self, seq, op, name, tensors, where):
-        self.seq, self.op, self.name, self.tensors, self.where = seq, op, name, tensors, where
+        self.seq, self.op, self.first, self.last, self.tensors, self.where = seq, op, name, name, tensors, where
+        self.count = self.pending = 1
         self.submitted, self.done = time.time(), None
+
+    @property
+    def name(self):
+        """The collective's name; a burst's: "59 gradients (grad.conv1.weight ... grad.fc.bias)"."""
+        if self.count == 1:
+            return self.first
+        return f"{self.count} gradients ({self.first} ... {self.last})"
 
     @property
     def detail(self):
         """"float32[64, 3, 3, 3]", and how many more tensors where there are several."""
         dtype, shape, more = self.tensors
+        more += self.count - 1
         text = f"{str(dtype).replace('torch.', '')}{list(shape)}"
         return f"{text} and {more} more" if more else text
 
@@ -95,20 +110,21 @@ class FlightRecorder:
 
     def submitted(self, handle, op, name, tensors, skip=3, burst=False):
         """A collective submitted (``handle``: what its completion is known by; ``tensors``: (dtype, shape,
-        how many more)). ``burst``: one of a burst of submissions from one line (DistributedOptimizer's
-        gradients, one per parameter during backward): the previous record's script line, if it is one of
-        the burst still in flight, is this one's too (a frame walk per step, not per tensor).
+        how many more)). ``burst``: one of a burst of submissions (DistributedOptimizer's gradients, one
+        per parameter during backward): while the burst's record is in flight, this one joins it.
 
         No lock: a deque append and a dict store are atomic in CPython, and the heartbeat thread only
-        copies them (``waiting_in``): a few microseconds per collective (docs/performance.md).
+        copies them (``waiting_in``): about 3 us for a record, well under 1 us for a gradient that joins
+        one (docs/performance.md).
         """
-        last = self.records[-1] if self.records else None
-        if burst and last is not None and last.done is None and last.name.startswith(GRADIENT):
-            where = last.where
-        else:
-            where = script_line(skip)
+        if burst:
+            last = self.records[-1] if self.records else None
+            if last is not None and last.done is None and last.first.startswith(GRADIENT):
+                last.count, last.pending, last.last = last.count + 1, last.pending + 1, name
+                self.in_flight[handle] = last
+                return last
         self.seq += 1
-        record = Record(self.seq, op, name, tensors, where)
+        record = Record(self.seq, op, name, tensors, script_line(skip))
         self.records.append(record)
         self.in_flight[handle] = record
         return record
@@ -120,11 +136,14 @@ class FlightRecorder:
     def completed(self, handle):
         record = self.in_flight.pop(handle, None)
         if record is not None:
-            record.done = time.time()
+            record.pending -= 1
+            if not record.pending:
+                record.done = time.time()
 
     def waiting_in(self):
-        """The collectives in flight, oldest first."""
-        return sorted(list(self.in_flight.values()), key=lambda record: record.seq)
+        """The collectives in flight, oldest first (a burst once)."""
+        return sorted({id(record): record for record in list(self.in_flight.values())}.values(),
+                      key=lambda record: record.seq)
 
     def status(self):
         """What the heartbeat carries: where this rank is, in a few hundred bytes (see ``describe``)."""
@@ -195,13 +214,8 @@ GRADIENT = "grad."  # the recorder's prefix for DistributedOptimizer's gradients
 
 
 def group_name(names):
-    """A name for several collectives in flight at once: "65 gradients (grad.conv1.weight, ...)"
-    for DistributedOptimizer's, else the first name and how many more."""
-    if len(names) == 1:
-        return names[0]
-    if all(name.startswith(GRADIENT) for name in names):
-        return f"{len(names)} gradients ({names[0]}, ...)"
-    return f"{names[0]} and {len(names) - 1} more"
+    """A name for several collectives in flight at once: the first's and how many more."""
+    return names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more"
 
 
 def describe(status):
