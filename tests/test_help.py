@@ -136,6 +136,8 @@ OTHER_PROGRAMS = {
     "tools/measure_checkpoint_stall.py": {"--every", "--checkpoints", "--dir"},
     "tools/measure_image_pipeline.py": {"--image-size", "--loader-workers", "--trainer-model", "--data", "--rounds",
                                         "--per-round"},
+    "tools/liveness_sim.py": {"--ranks", "--per-node", "--steady-seconds", "--port", "--output"},
+    "tools/measure_flight_recorder.py": {"--model", "--batch-size", "--image-size", "--blocks", "--steps"},
 }
 
 
