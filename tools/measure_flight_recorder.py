@@ -50,11 +50,12 @@ def main():
     torch.manual_seed(0)
     workload = workloads.build(options, backend)
     recorder = flight.install(backend.rank)
+    spent = time_spent_in(recorder)
     switch = collectives.record_into(recorder)
     for _ in range(5):
         workload.step()
     seconds = {True: [], False: []}
-    recorded_before = recorder.seq
+    recorded_before, spent[0] = recorder.seq, 0.0
     for block in range(2 * args.blocks):
         on = block % 2 == 0
         switch(on)
@@ -63,13 +64,34 @@ def main():
         for _ in range(args.steps):
             workload.step()
         seconds[on].append((time.perf_counter() - started) / args.steps)
-    per_step = (recorder.seq - recorded_before) / (args.blocks * args.steps)
+    steps_on = args.blocks * args.steps
+    per_step = (recorder.seq - recorded_before) / steps_on
     ratios = [with_ / without for with_, without in zip(seconds[True], seconds[False])]
+    own = spent[0] / steps_on  # the recorder's own time per step, timed inside it
     if backend.rank == 0:
         print(f"{args.model}, {backend.size} ranks, batch {args.batch_size}: step "
               f"{1000 * statistics.median(seconds[True]):.1f} ms with the recorder, "
               f"{1000 * statistics.median(seconds[False]):.1f} ms without; median ratio {statistics.median(ratios):.4f} "
-              f"(blocks: {', '.join(f'{r:.3f}' for r in ratios)}); {per_step:.0f} collectives recorded per step")
+              f"(blocks: {', '.join(f'{r:.3f}' for r in ratios)}); {per_step:.0f} records per step, "
+              f"{spent[1] / steps_on:.0f} calls; the recorder's own time {1e6 * own:.0f} us per step, "
+              f"{100 * own / statistics.median(seconds[False]):.2f} % of the step")
+
+
+def time_spent_in(recorder):
+    """[seconds, calls] inside the recorder's submitted and completed (wrapped with a timer)."""
+    spent = [0.0, 0]
+    for name in ("submitted", "completed"):
+        method = getattr(recorder, name)
+
+        def timed(*args, _method=method, **kwargs):
+            started = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - started
+                spent[1] += 1
+        setattr(recorder, name, timed)
+    return spent
 
 
 if __name__ == "__main__":
