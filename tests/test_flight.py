@@ -122,3 +122,27 @@ def test_liveness_at_many_ranks_by_simulation(tmp_path, ranks, per_node):
     assert "waits in allreduce user.metric" in figures["divergence"]["finding"], figures
     assert figures["lost_node"]["seconds_to_name_it"] < peers.SILENT_SECONDS + 2 * peers.BEAT_SECONDS, figures
     assert figures["lost_node"]["line"].startswith(f"not heard from ranks {ranks - 2 * per_node}-"), figures
+
+
+def test_reading_the_main_threads_place_keeps_no_frame_alive():
+    """The recorder reads where the main thread is from that thread too (a dump at a stop): the frame
+    it reads must not keep itself, and so its callers' locals, alive. A DataLoader iterator kept so
+    outlives the trainer, and multiprocessing's exit then waits forever for its workers, which leave
+    SIGTERM to the rank (the stop at --stop-after hung this way)."""
+    import gc
+    import weakref
+    from hvdtrain.liveness import recorder
+
+    class Local:
+        pass
+
+    def a_trainer():
+        local = Local()
+        recorder.main_thread_place()
+        return weakref.ref(local)
+
+    gc.disable()  # a cycle is freed only by the collector, which may or may not run at exit
+    try:
+        assert a_trainer()() is None
+    finally:
+        gc.enable()

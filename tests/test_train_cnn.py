@@ -2,6 +2,7 @@
 image folders of every Pillow mode, preemption signals and bad input."""
 import json
 import re
+import shutil
 import sys
 
 import numpy as np
@@ -226,6 +227,43 @@ def test_usr1_to_mpirun_with_dataloader_workers_checkpoints_and_resumes(tmp_path
     ok(resumed)
     assert f"(step {step})" in resumed.output and "resuming at epoch" in resumed.output, resumed.describe()
     assert json.loads((out / "results.json").read_text())["steps"] == step + 2
+
+
+def test_a_killed_ranks_dataloader_workers_end_with_it(tmp_path):
+    """A rank killed outright (SIGKILL, an OOM kill, a launcher's abort) shuts no DataLoader down:
+    its workers, which ignore SIGTERM and whose parent is the fork server (which they keep alive),
+    must notice the rank is gone and end, and the fork server with them; nothing is left behind."""
+    out = tmp_path / "out"
+    script = f"""
+        {sys.executable} {SCRIPT} --output-dir {out} --image-size 8 --workers 2 --epochs 50 --checkpoint-every 5 &
+        rank=$!
+        until ls {out}/{CHECKPOINT_GLOB} >/dev/null 2>&1 || ! kill -0 $rank 2>/dev/null; do sleep 0.1; done
+        helpers=$(pgrep -P $rank | tr '\n' ' ')  # the fork server, the resource tracker
+        workers=$(for p in $helpers; do pgrep -P $p; done | tr '\n' ' ')
+        kill -KILL $rank
+        for i in $(seq 150); do
+            left=$(for p in $helpers $workers; do kill -0 $p 2>/dev/null && echo $p; done | tr '\n' ' ')
+            [ -z "$left" ] && break
+            sleep 0.1
+        done
+        echo "workers: [$workers] left after the rank's kill: [$left]"
+    """
+    run = launch(["bash", "-c", script], timeout=120)
+    match = re.search(r"workers: \[(.*)\] left after the rank's kill: \[(.*)\]", run.output)
+    assert match and match.group(1).split(), run.describe()
+    assert match.group(2).strip() == "", run.describe()
+
+
+def test_dataloader_workers_import_the_ranks_package_not_another_on_the_path(tmp_path):
+    """The workers run the rank's hvdtrain, not one that PYTHONPATH or a .pth file puts first (another
+    checkout, an older copy): Python 3.11's fork server is handed the rank's sys.path and ignores it."""
+    decoy, imported = tmp_path / "elsewhere" / "hvdtrain", tmp_path / "the other copy was imported"
+    shutil.copytree(SCRIPTS / "hvdtrain", decoy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(decoy / "__init__.py", "a") as init:
+        init.write(f"\nopen({str(imported)!r}, 'a').write(__import__('os').getpid().__str__() + ' ')\n")
+    ok(python([SCRIPT, "--output-dir", tmp_path / "out", "--image-size", "8", "--workers", "1",
+               "--max-steps", "2"], timeout=120, env={"PYTHONPATH": str(decoy.parent)}))
+    assert not imported.exists(), f"processes {imported.read_text()} imported {decoy}"
 
 
 def write_bad_file(folder):

@@ -197,7 +197,13 @@ def main_thread_place():
     """(waiting in Horovod?, "file:line in function" of its innermost frame, what it does outside a
     collective: "data loader" or "compute") of the main thread."""
     frame = sys._current_frames().get(threading.main_thread().ident)
-    stack = traceback.extract_stack(frame) if frame else []
+    try:
+        stack = traceback.extract_stack(frame) if frame else []
+    finally:
+        # Read from the main thread itself (a dump), ``frame`` is this call's own frame: kept in
+        # its own local it would be a cycle holding every caller's locals (a DataLoader iterator,
+        # whose workers multiprocessing's exit then waits for) until the collector runs.
+        del frame
     if not stack:
         return False, "an unknown place", "compute"
     waiting = any(f"{os.sep}horovod{os.sep}" in entry.filename for entry in stack)

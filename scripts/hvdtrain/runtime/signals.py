@@ -10,8 +10,11 @@ signal a rank's whole process group or process tree, and a worker that dies of
 SIGUSR1 ends its rank with "DataLoader worker exited unexpectedly" instead of
 a checkpoint. ``worker_loader_options()`` makes them ignore the signals.
 """
+import multiprocessing
+import os
 import signal
 import sys
+import threading
 from multiprocessing import forkserver, resource_tracker
 
 from hvdtrain.runtime import collectives
@@ -25,6 +28,7 @@ WORKER_IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 # The packages of the rank's modules the fork server imports for its workers: torch's
 # own submodules come with `import torch`, lazily loaded ones (the compiler) stay out.
 PRELOADED_PACKAGES = ("hvdtrain", "horovod", "PIL", "numpy")
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds hvdtrain/
 
 
 class StopRequest:
@@ -50,9 +54,31 @@ class StopRequest:
 
 
 def ignore_in_worker(_worker_id=None):
-    """DataLoader ``worker_init_fn``: leave the launcher's signals to the rank."""
+    """DataLoader ``worker_init_fn``: leave the launcher's signals to the rank, end with the rank."""
     for number in WORKER_IGNORED_SIGNALS:
         signal.signal(number, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_the_rank, args=(multiprocessing.parent_process(),), daemon=True,
+                     name="exit with the rank").start()
+
+
+def _exit_with_the_rank(rank):
+    """End this worker once its rank is gone, however it went (SIGKILL, an abort, os._exit).
+
+    torch's worker watches its parent process, here the fork server, which outlives the
+    rank as long as any worker it forked does (each holds the server's liveness pipe), and
+    this worker ignores the launcher's SIGTERM: killed without shutting its DataLoader
+    down, a rank left both behind for good. multiprocessing hands the worker a pipe whose
+    other end the rank holds (``parent_process().sentinel``): at its end of file the rank
+    has exited, or has let go of this worker.
+    """
+    if rank is None or rank.sentinel is None:
+        return
+    try:
+        while os.read(rank.sentinel, 4096):  # the worker's start-up data is read already; EOF is the news
+            pass
+    except OSError:
+        pass
+    os._exit(0)
 
 
 def start_forkserver():
@@ -69,12 +95,23 @@ def start_forkserver():
     # The fork server starts multiprocessing's resource tracker first (also in the
     # rank's process group), which unblocks SIGINT and SIGTERM in this thread when
     # started: start it on its own, then the server.
-    for start in (resource_tracker.ensure_running, forkserver.ensure_running):
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_IGNORED_SIGNALS)
-        try:
-            start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    # Python 3.11's server is handed the rank's sys.path but never applies it: it would preload
+    # (and its workers run) the hvdtrain that PYTHONPATH or a .pth file names first, maybe another
+    # checkout's. Started with this one's folder first on PYTHONPATH, it imports the rank's.
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, path]))
+    try:
+        for start in (resource_tracker.ensure_running, forkserver.ensure_running):
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_IGNORED_SIGNALS)
+            try:
+                start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    finally:
+        if path is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = path
 
 
 def modules_for_workers():
