@@ -44,7 +44,7 @@ def merged(tmp_path):
                      timeout=60)).output
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun --gloo", "mpirun",
+@pytest.mark.parametrize("launcher", ["horovodrun --gloo", pytest.param("mpirun", marks=pytest.mark.scale),
                                       pytest.param("horovodrun --mpi", marks=pytest.mark.scale)])
 def test_a_rank_divergent_collective_in_user_code_is_named(tmp_path, launcher, need_mpi):
     """Rank 1 alone averages a metric inside the user's model at step 5: rank 0 waits in the

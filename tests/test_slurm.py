@@ -99,6 +99,7 @@ def slurm_time(value):
 
 
 # ---------------------------------------------------------------- jobs on the cluster
+@pytest.mark.scale  # the seams' proof is test_adapting.py's (horovodrun, mpirun); this is its sbatch form
 def test_their_model_and_data_train_under_sbatch(slurm_cluster, need_horovod, tmp_path):
     """train_cnn.sbatch with a model and a data set the project has never seen (support/user_task.py),
     stopped by --stop-after, then resumed by a second job to the end: the seams under srun."""
