@@ -180,7 +180,8 @@ def signal_at_first_checkpoint(cluster, jobs, signals, root):
         ready = [name for name in waiting if any_checkpoint(root / name)]
         held = {}
         for name in ready:  # every ready job stopped at once, then signalled in turn
-            held[name] = sorted({pid for rank in (0, 1) for pid in rank_pids(str(root / name), rank)})
+            # "DIR " with its space: job "horovodrun"'s marker must not match "horovodrun-term"'s ranks
+            held[name] = sorted({pid for rank in (0, 1) for pid in rank_pids(f"{root / name} ", rank)})
             for pid in held[name]:
                 os.kill(pid, signal.SIGSTOP)
         for name in ready:
