@@ -1,10 +1,18 @@
 """Run under `horovodrun -np N`: checks Horovod's collectives give exact answers.
 
 Each check raises AssertionError with what it saw; the last line each rank
-prints is "collectives ok rank=R size=N" only when every check passed.
+prints is "collectives ok rank=R size=N" only when every check passed. Under
+Gloo it also prints how many TCP connections the rank holds after hvd.init()
+and after hvd.shutdown() ("gloo connections init=K shutdown=M"): Gloo connects
+one socket per peer in each of its contexts.
 """
+import psutil
 import torch
 import horovod.torch as hvd
+
+
+def tcp_connections():
+    return sum(1 for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_ESTABLISHED)
 
 
 def check_allreduce(rank, size):
@@ -54,6 +62,10 @@ def main():
     check_broadcast_parameters(rank)
     check_distributed_optimizer(rank, size)
     print(f"collectives ok rank={rank} size={size}", flush=True)
+    if hvd.gloo_enabled():
+        after_init = tcp_connections()
+        hvd.shutdown()
+        print(f"gloo connections init={after_init} shutdown={tcp_connections()}", flush=True)
 
 
 if __name__ == "__main__":
