@@ -24,6 +24,7 @@ and the lost-rank ones. `--hosts 4` runs on support/hosts.py's four hosts (root)
 N/4 ranks each, started over ssh as on a cluster.
 
     .venv/bin/python tools/scale_study.py --ranks 1 2 4 8 16 32
+    .venv/bin/python tools/scale_study.py --elastic-only --ranks 2 4 8 16 32
 """
 import argparse
 import json
@@ -66,6 +67,8 @@ def parse_args():
                         help="1: this machine; 4: support/hosts.py's four hosts (root)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds before a launch is killed")
     parser.add_argument("--no-elastic", action="store_true", help="skip the elastic launches")
+    parser.add_argument("--elastic-only", action="store_true",
+                        help="only the elastic launches (the reset after a lost rank), on this machine")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     return parser.parse_args()
 
@@ -201,11 +204,13 @@ def main():
         with tempfile.TemporaryDirectory() as scratch:
             print("  ".join(f"{column:>{width}}" for column, width in COLUMNS), flush=True)
             for ranks in args.ranks:
-                row = {"ranks": ranks, **clean_run(ranks, hosts, scratch, args)}
-                if ranks > 1:
+                row = {"ranks": ranks}
+                if not args.elastic_only:
+                    row.update(clean_run(ranks, hosts, scratch, args))
+                if ranks > 1 and not args.elastic_only:
                     row.update(lost_rank_run(ranks, hosts, scratch, args))
-                    if hosts is None and not args.no_elastic:
-                        row.update(elastic_run(ranks, scratch, args))
+                if ranks > 1 and hosts is None and not args.no_elastic:
+                    row.update(elastic_run(ranks, scratch, args))
                 rows.append(row)
                 print("  ".join(f"{shown(row.get(column)):>{width}}" for column, width in COLUMNS), flush=True)
     finally:
