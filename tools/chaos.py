@@ -1,0 +1,283 @@
+#!/usr/bin/env python
+"""Training under a stream of failures: an elastic job, a seeded schedule of killed workers, its efficiency.
+
+For each mean interval T, `train_cnn.py --elastic` runs under `horovodrun --elastic`
+with N slots on this machine while a seeded schedule SIGKILLs a worker (a random
+rank) at exponentially distributed intervals of mean T seconds, from its first step
+on. Horovod's driver starts a new worker in the lost slot at once (the project's
+patch: a host keeps its healthy workers), so the capacity returns after the new
+worker's start. The same job without faults runs first. Every run trains the same
+steps: digits, convnet, fp32, `--global-batch` (a step is the same optimisation at
+every world size), so the report can hold the faulty runs to the fault-free one:
+
+- efficiency: the fault-free run's seconds from its first step to its end over the
+  faulty run's (both train the same samples);
+- steps kept: the steps of the job over the steps run, counting those run again
+  after a reset went back to its last commit (`--elastic-commit-every`);
+- each fault: seconds from the kill to rank 0's "a worker was lost" line (detect),
+  to the new world's first line (reform) and to its first step; the lines the
+  job printed from the kill to that step (progress and world lines aside);
+- samples: every epoch's `train_samples` against the data set (a sample lost or
+  trained twice changes it);
+- weights: the largest difference between the faulty and the fault-free run's
+  final models (fp32 with --global-batch: within 1e-5, bit-equal at one size).
+
+HOROVOD_ELASTIC_HOST_FAILURE_LIMIT is raised for these runs: its default (3) takes
+a host out at its third failed worker, the policy for a node that keeps crashing,
+which on one host would end the job at the third fault (docs/launching.md).
+
+    .venv/bin/python tools/chaos.py --ranks 8 --interval 60 30 15 --epochs 80 \\
+        --json runs/chaos.json --plot runs/chaos.png
+"""
+import argparse
+import json
+import random
+import re
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from scale_study import Timed
+from support.commands import CNN
+from support.elastic_jobs import elastic_command, write_hosts
+from support.ranks import rank_pids
+
+DIGITS_TRAIN = 1438  # the digits samples train_cnn.py trains on (its fixed validation split aside)
+PROGRESS = re.compile(r"progress: step (\d+)/(\d+)")
+LOST = re.compile(r"elastic: a worker was lost; back to the last commit \(step (\d+)\)")
+WORLD = re.compile(r"(\d+) workers? x batch")
+ENV = {"HVDTRAIN_PROGRESS_SECONDS": "0.001",  # a progress line every step: the timeline
+       "HOROVOD_ELASTIC_HOST_FAILURE_LIMIT": "1000000"}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=4, help="slots on this machine (a divisor of --global-batch)")
+    parser.add_argument("--interval", type=float, nargs="+", default=[60.0, 30.0, 15.0],
+                        help="mean seconds between faults, one faulty run each")
+    parser.add_argument("--epochs", type=int, default=40, help="the job's length in digits epochs (45 steps each)")
+    parser.add_argument("--global-batch", type=int, default=32, help="samples per step at every world size")
+    parser.add_argument("--commit-every", type=int, default=10, help="--elastic-commit-every of the job")
+    parser.add_argument("--faults", type=int, default=0, help="at most this many faults a run (0: no limit)")
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="draw the next interval only once the job trains again after a fault's reset "
+                             "(default: faults fall when they fall, during a reset too)")
+    parser.add_argument("--seed", type=int, default=1, help="the schedule's seed (which rank, when)")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds before a run is killed")
+    parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--plot", type=Path, help="draw efficiency against T and each run's timeline here (PNG)")
+    args = parser.parse_args(argv)
+    if args.ranks < 2 or args.global_batch % args.ranks:
+        parser.error(f"--ranks {args.ranks}: needs 2 or more ranks dividing --global-batch {args.global_batch}")
+    if min(args.interval) <= 0:
+        parser.error("--interval: mean seconds between faults must be positive")
+    return args
+
+
+def job(args, out):
+    return [CNN, "--elastic", "--dataset", "digits", "--model", "convnet", "--precision", "fp32",
+            "--threads", "1", "--epochs", args.epochs, "--global-batch", args.global_batch,
+            "--batch-size", args.global_batch // args.ranks, "--lr", "0.01",
+            "--elastic-commit-every", args.commit_every, "--output-dir", out]
+
+
+def worker_pids(out, ranks):
+    """The job's rank processes (by the rank each was started as: a survivor keeps its first)."""
+    return sorted({pid for rank in range(ranks) for pid in rank_pids(str(out), rank)})
+
+
+class Schedule:
+    """From the job's first step on: a random worker SIGKILLed after each exponential interval of mean T."""
+
+    def __init__(self, run, out, args, interval, rng):
+        self.run, self.out, self.args, self.interval, self.rng = run, out, args, interval, rng
+        self.kills = []  # seconds since the launch
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.inject, daemon=True)
+        self.thread.start()
+
+    def last_step(self):
+        """(step, of steps) of the job's newest progress line, or None before its first step."""
+        for _, line in reversed(list(self.run.lines)):
+            found = PROGRESS.search(line)
+            if found:
+                return int(found.group(1)), int(found.group(2))
+        return None
+
+    def inject(self):
+        while self.last_step() is None:
+            if self.done.wait(0.1):
+                return
+        while not self.args.faults or len(self.kills) < self.args.faults:
+            if self.done.wait(self.rng.expovariate(1.0 / self.interval)):
+                return
+            step, steps = self.last_step()
+            if step >= steps:
+                return  # trained: a fault now would hit the job's end, not its training
+            pids = worker_pids(self.out, self.args.ranks)
+            if not pids:
+                continue
+            try:
+                os.kill(self.rng.choice(pids), signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.kills.append(time.monotonic() - self.run.started)
+            if self.args.one_at_a_time:
+                self.wait_for_training_after(self.kills[-1])
+
+    def wait_for_training_after(self, kill_at):
+        """Until the new world's first step after the kill at ``kill_at`` (or the run's end)."""
+        while not self.done.wait(0.1):
+            reformed, _ = first_after(list(self.run.lines), kill_at, WORLD)
+            if reformed is not None and first_after(list(self.run.lines), reformed, PROGRESS)[0] is not None:
+                return
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        return self.kills
+
+
+def launch(args, out, hostfile, interval=None, seed=0):
+    command = elastic_command(hostfile, args.ranks, job(args, out))
+    run = Timed(command, ENV, args.timeout)
+    schedule = Schedule(run, out, args, interval, random.Random(seed)) if interval is not None else None
+    run.wait()
+    return run, (schedule.stop() if schedule else [])
+
+
+def first_after(lines, at, pattern):
+    return next(((t, m) for t, line in lines if t >= at for m in [pattern.search(line)] if m), (None, None))
+
+
+def fault_record(lines, kill_at, next_kill_at):
+    detected, _ = first_after(lines, kill_at, LOST)
+    reformed, _ = first_after(lines, kill_at, WORLD)
+    stepped, _ = first_after(lines, reformed, PROGRESS) if reformed is not None else (None, None)
+    recovered = min(next_kill_at, stepped if stepped is not None else next_kill_at)
+    printed = [line for t, line in lines if kill_at <= t < recovered
+               and not PROGRESS.search(line) and not WORLD.search(line)]
+
+    def since(t):
+        return None if t is None or t >= next_kill_at else round(t - kill_at, 2)
+
+    return {"at_s": round(kill_at, 2), "detect_s": since(detected), "reform_s": since(reformed),
+            "first_step_s": since(stepped), "lines": len(printed), "said": printed[:5]}
+
+
+def steps_run_again(lines):
+    """For each reset: the steps between the last one finished and the commit it went back to."""
+    last, again = 0, 0
+    for _, line in lines:
+        found = PROGRESS.search(line)
+        if found:
+            last = int(found.group(1))
+        lost = LOST.search(line)
+        if lost:
+            again += max(0, last - int(lost.group(1)))
+    return again
+
+
+def samples_off(out, epochs):
+    path = out / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    by_epoch = {row["epoch"]: row["train_samples"] for row in rows}
+    return sum(abs(by_epoch.get(epoch, 0) - DIGITS_TRAIN) for epoch in range(1, epochs + 1))
+
+
+def final_model(out):
+    files = sorted(out.glob("step-*.pt"))
+    return (files[-1].name, torch.load(files[-1], map_location="cpu", weights_only=True)["model"]) if files else (None, None)
+
+
+def largest_difference(a, b):
+    if a[0] is None or a[0] != b[0]:
+        return None  # not the same final step
+    return max((a[1][key].float() - b[1][key].float()).abs().max().item() for key in b[1])
+
+
+def training_seconds(run):
+    first, _ = first_after(run.lines, 0, PROGRESS)
+    return None if first is None else run.ended - first
+
+
+def report_run(run, out, args, kills, baseline_seconds, baseline_model):
+    seconds = training_seconds(run)
+    steps = max((int(m.group(1)) for _, line in run.lines for m in [PROGRESS.search(line)] if m), default=0)
+    again = steps_run_again(run.lines)
+    bounds = kills + [float("inf")]
+    return {"exit": run.process.returncode, "training_s": None if seconds is None else round(seconds, 1),
+            "efficiency": (round(baseline_seconds / seconds, 3) if seconds and baseline_seconds else None),
+            "faults": len(kills), "steps": steps, "steps_run_again": again,
+            "steps_kept": round(steps / (steps + again), 3) if steps else None,
+            "samples_lost_or_twice": samples_off(out, args.epochs),
+            "weights_max_difference": largest_difference(final_model(out), baseline_model),
+            "fault_records": [fault_record(run.lines, at, bounds[i + 1]) for i, at in enumerate(kills)],
+            "timeline": [(round(t, 2), int(m.group(1))) for t, line in run.lines for m in [PROGRESS.search(line)] if m]}
+
+
+def plot(path, rows):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    faulty = [row for row in rows if row["interval_s"] is not None]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    left.plot([row["interval_s"] for row in faulty], [row["efficiency"] or 0 for row in faulty], "o-")
+    left.set_xlabel("mean seconds between faults (T)")
+    left.set_ylabel("training efficiency")
+    left.set_ylim(0, 1.05)
+    left.invert_xaxis()
+    for row in rows:
+        times, steps = zip(*row["timeline"]) if row["timeline"] else ((), ())
+        label = "no faults" if row["interval_s"] is None else f"T = {row['interval_s']:g} s"
+        line, = right.plot(times, steps, label=label)
+        for fault in row["fault_records"]:
+            right.axvline(fault["at_s"], color=line.get_color(), alpha=0.3, linewidth=0.8)
+    right.set_xlabel("seconds since the launch (faults marked)")
+    right.set_ylabel("step")
+    right.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        hostfile = Path(scratch) / "hosts"
+        write_hosts(hostfile, f"localhost slots={args.ranks}")
+        base_out = Path(scratch) / "no-faults"
+        base_run, _ = launch(args, base_out, hostfile)
+        if base_run.process.returncode != 0:
+            sys.exit(f"chaos.py: error: the run without faults failed:\n{base_run.output()[-3000:]}")
+        baseline_seconds, baseline_model = training_seconds(base_run), final_model(base_out)
+        rows.append({"interval_s": None, **report_run(base_run, base_out, args, [], baseline_seconds, baseline_model)})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("timeline", "fault_records")}), flush=True)
+        for number, interval in enumerate(args.interval):
+            out = Path(scratch) / f"every-{interval:g}s"
+            run, kills = launch(args, out, hostfile, interval, seed=args.seed * 1000 + number)
+            rows.append({"interval_s": interval, **report_run(run, out, args, kills, baseline_seconds, baseline_model)})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "timeline"}), flush=True)
+            if run.process.returncode != 0:
+                print(f"chaos.py: the run at T = {interval:g} s ended with exit {run.process.returncode}:\n"
+                      f"{run.output()[-2000:]}", file=sys.stderr)
+    report = {"ranks": args.ranks, "epochs": args.epochs, "global_batch": args.global_batch,
+              "commit_every": args.commit_every, "seed": args.seed, "one_at_a_time": args.one_at_a_time,
+              "runs": rows}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    if args.plot:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        plot(args.plot, rows)
+    return report
+
+
+if __name__ == "__main__":
+    main()
