@@ -215,6 +215,7 @@ def report_run(run, out, args, kills, baseline_seconds, baseline_model):
     return {"exit": run.process.returncode, "training_s": None if seconds is None else round(seconds, 1),
             "efficiency": (round(baseline_seconds / seconds, 3) if seconds and baseline_seconds else None),
             "faults": len(kills), "steps": steps, "steps_run_again": again,
+            "world_sizes": [int(m.group(1)) for _, line in run.lines for m in [WORLD.search(line)] if m],
             "steps_kept": round(steps / (steps + again), 3) if steps else None,
             "samples_lost_or_twice": samples_off(out, args.epochs),
             "weights_max_difference": largest_difference(final_model(out), baseline_model),
