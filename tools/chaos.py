@@ -213,7 +213,9 @@ def report_run(run, out, args, kills, baseline_seconds, baseline_model):
     again = steps_run_again(run.lines)
     bounds = kills + [float("inf")]
     return {"exit": run.process.returncode, "training_s": None if seconds is None else round(seconds, 1),
-            "efficiency": (round(baseline_seconds / seconds, 3) if seconds and baseline_seconds else None),
+            # Only for a run that trained the whole job: one that ended early trained fewer samples.
+            "efficiency": (round(baseline_seconds / seconds, 3)
+                           if run.process.returncode == 0 and seconds and baseline_seconds else None),
             "faults": len(kills), "steps": steps, "steps_run_again": again,
             "world_sizes": [int(m.group(1)) for _, line in run.lines for m in [WORLD.search(line)] if m],
             "steps_kept": round(steps / (steps + again), 3) if steps else None,
@@ -229,7 +231,7 @@ def plot(path, rows):
     import matplotlib.pyplot as plt
     faulty = [row for row in rows if row["interval_s"] is not None]
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    left.plot([row["interval_s"] for row in faulty], [row["efficiency"] or 0 for row in faulty], "o-")
+    left.plot([row["interval_s"] for row in faulty], [row["efficiency"] or 0 for row in faulty], "o-")  # 0: ended
     left.set_xlabel("mean seconds between faults (T)")
     left.set_ylabel("training efficiency")
     left.set_ylim(0, 1.05)
