@@ -211,6 +211,7 @@ def main(argv=None):
         bert.build_optimizer(settings, model), named_parameters=model.named_parameters(),
         backward_passes_per_step=settings.accumulation_steps, op=hvd.Sum if summed else hvd.Average,
         compression=dist.gradient_compression(settings.fp16_allreduce))
+    dist.fixed_gradient_buckets(optimizer)  # Horovod: fused the same way every step, bit-for-bit results
     # Horovod: one small allreduce per step: its masked tokens and sequences over every rank
     counts = bert.step_counts(lambda local: collectives.sum_over_ranks(local, name="bert.step_counts"))
     state = bert.BertState()

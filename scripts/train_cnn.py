@@ -158,6 +158,7 @@ def main():
         backward_passes_per_step=settings.accumulation_steps,
         op=hvd.Adasum if settings.use_adasum else hvd.Sum if summed else hvd.Average,
         gradient_predivide_factor=settings.gradient_predivide_factor)
+    dist.fixed_gradient_buckets(optimizer)  # Horovod: fused the same way every step, bit-for-bit results
     scheduler = cnn.build_schedule(settings, optimizer, epochs.schedule_length(settings, batching, len(train_set)))
     state = cnn.CnnState()
     timer = SectionTimer()  # this rank's time in data, compute, comm and optimizer: the straggler report's

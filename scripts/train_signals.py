@@ -128,6 +128,7 @@ def main():
     optimizer = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=batching.lr),
                                          named_parameters=model.named_parameters(),
                                          backward_passes_per_step=settings.accumulation_steps)
+    dist.fixed_gradient_buckets(optimizer)  # Horovod: fused the same way every step, bit-for-bit results
     length = schedule_length(settings, batching, len(train_set))
     scheduler = optim.warmup_then_decay(optimizer, length // 2, settings.epochs * length)
     state = SignalState()

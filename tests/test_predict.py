@@ -36,6 +36,9 @@ def test_fusion_buffers_pack_in_order_up_to_the_threshold():
     assert predict.fusion_buffers([60, 60, 60], 0) == [60, 60, 60]  # fusion off: one allreduce per tensor
     assert predict.fusion_buffers([10, 200, 10], 100) == [10, 200, 10]  # too large for a buffer: alone
     assert predict.fusion_buffers([], 128) == []
+    # The trainers' fixed buckets: a buffer never spans two, whatever the threshold.
+    assert predict.fusion_buffers([60, 60, 60], 1000, bucket=100) == [60, 60, 60]
+    assert predict.fusion_buffers([30, 30, 60, 60], 1000, bucket=120) == [120, 60]
     # more buffers, more latency terms, the same bandwidth term
     one = predict.communication_seconds([60, 60, 60], 1000, 2, 1.0, 5.0)
     three = predict.communication_seconds([60, 60, 60], 0, 2, 1.0, 5.0)

@@ -92,6 +92,24 @@ def test_two_workers_equal_one_worker_with_the_same_global_batch(tmp_path):
     assert moved > 1e-3
 
 
+def test_three_workers_train_the_same_weights_bit_for_bit_whatever_horovods_cycle_time(tmp_path):
+    """The same 3-rank job with a 1 s and a 0.1 ms HOROVOD_CYCLE_TIME (a knob `benchmark.py tune` turns).
+
+    Horovod fuses the gradients a cycle finds ready (at 1 s: all of a step's, at 0.1 ms: one
+    by one), and from three ranks on an element's place in the fused buffer decides the order
+    the ring sums it in: without fixed buckets (dist.fixed_gradient_buckets) the two runs'
+    weights differed by rounding after the first step, and more each step after.
+    """
+    common = [SCRIPT, "--model", "convnet", *EXACT, "--batch-size", "8", "--max-steps", "20",
+              "--checkpoint-every", "20", "--no-resume"]
+    for cycle_ms in ("1000", "0.1"):
+        ok(horovodrun(3, [*common, "--output-dir", tmp_path / cycle_ms], timeout=240,
+                      env={"HOROVOD_CYCLE_TIME": cycle_ms}))
+    slow, fast = checkpoint_at(tmp_path / "1000", 20), checkpoint_at(tmp_path / "0.1", 20)
+    for key, value in slow["model"].items():
+        assert torch.equal(fast["model"][key], value), (key, (fast["model"][key] - value).abs().max().item())
+
+
 def test_stop_and_resume_gives_the_same_weights_bit_for_bit(tmp_path):
     """Uninterrupted 60 steps == 30 steps, a new launch, 30 more (ResNet-20 with
     BatchNorm, augmentation in a DataLoader worker, an epoch end at step 44)."""

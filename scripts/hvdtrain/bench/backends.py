@@ -60,6 +60,7 @@ class HorovodBackend:
         collectives.broadcast_parameters(named_parameters, root_rank=0)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters,
                                              compression=self.compression, backward_passes_per_step=self.passes)
+        dist.fixed_gradient_buckets(optimizer)  # as the trainers: fused the same way every step
         return module, optimizer
 
     def beat(self):

@@ -5,9 +5,10 @@ The model, one worker per node, all of them in one ring:
   ring allreduce of B bytes on n workers   2(n-1) a + 2(n-1)/n B / busbw
       (a: latency per ring step; busbw: nccl-tests' bus bandwidth, what each
       link carries; a sweep's algbw is B / time, busbw = algbw x 2(n-1)/n)
-  fusion: the gradient tensors, in the order backward makes them ready, packed
-      into buffers of at most HOROVOD_FUSION_THRESHOLD bytes (0: one allreduce
-      per tensor); every buffer pays the latency terms
+  fusion: the gradient tensors, in the order backward makes them ready, in the
+      trainers' fixed buckets of 25 MiB, each packed into buffers of at most
+      HOROVOD_FUSION_THRESHOLD bytes (0: one allreduce per tensor); every buffer
+      pays the latency terms
   overlap: communication hides behind `overlap` x the backward pass, which is
       `backward_share` of the compute C; what is left shows:
       step = C + casts + max(0, comm - overlap x backward_share x C)
@@ -24,6 +25,7 @@ import torch
 
 from hvdtrain import cli
 from hvdtrain.bench.options import BERT_MODELS, CNN_MODELS
+from hvdtrain.runtime.horovod_profile import BUCKET_BYTES
 
 MIB = 2**20
 
@@ -40,22 +42,25 @@ def bus_bandwidth(algbw, nodes):
     return algbw * 2 * (nodes - 1) / nodes
 
 
-def fusion_buffers(tensor_bytes, threshold):
-    """Horovod's tensor fusion: byte sizes of the allreduces a step runs.
+def fusion_buffers(tensor_bytes, threshold, bucket=BUCKET_BYTES):
+    """Horovod's tensor fusion of the trainers' gradients: byte sizes of the allreduces a step runs.
 
-    Tensors are packed in order into buffers of at most ``threshold`` bytes; a
-    tensor larger than the threshold, or any tensor with threshold 0, goes alone.
+    Tensors go in order into fixed buckets of at most ``bucket`` bytes
+    (dist.fixed_gradient_buckets), and each bucket's into buffers of at most
+    ``threshold`` bytes; a tensor larger than the limit, or any tensor with
+    threshold 0, goes alone.
     """
-    buffers, current = [], 0
+    return [sum(buffer) for tensors in _packed(tensor_bytes, bucket) for buffer in _packed(tensors, threshold)]
+
+
+def _packed(tensor_bytes, limit):
+    """The tensors in order, in groups of at most ``limit`` bytes (a larger one alone; 0: each alone)."""
+    groups = []
     for size in tensor_bytes:
-        if current and current + size > threshold:
-            buffers.append(current)
-            current = 0
-        current += size
-        if threshold <= 0:
-            buffers.append(current)
-            current = 0
-    return buffers + ([current] if current else [])
+        if not groups or limit <= 0 or sum(groups[-1]) + size > limit:
+            groups.append([])
+        groups[-1].append(size)
+    return groups
 
 
 def communication_seconds(tensor_bytes, threshold, nodes, busbw, latency):

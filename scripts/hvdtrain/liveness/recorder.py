@@ -108,23 +108,25 @@ class FlightRecorder:
         self.rank, self.seq = rank, 0
         self.in_flight.clear()
 
-    def submitted(self, handle, op, name, tensors, skip=3, burst=False):
+    def submitted(self, handle, op, name, tensors, skip=3, burst=False, count=1, last=None):
         """A collective submitted (``handle``: what its completion is known by; ``tensors``: (dtype, shape,
         how many more)). ``burst``: one of a burst of submissions (DistributedOptimizer's gradients, one
-        per parameter during backward): while the burst's record is in flight, this one joins it.
+        per parameter during backward, or one per bucket of them): while the burst's record is in flight,
+        this one joins it. ``count`` tensors, from ``name`` to ``last``, went in this one submission.
 
         No lock: a deque append and a dict store are atomic in CPython, and the heartbeat thread only
         copies them (``waiting_in``): about 3 us for a record, well under 1 us for a gradient that joins
         one (docs/performance.md).
         """
         if burst:
-            last = self.records[-1] if self.records else None
-            if last is not None and last.done is None and last.first.startswith(GRADIENT):
-                last.count, last.pending, last.last = last.count + 1, last.pending + 1, name
-                self.in_flight[handle] = last
-                return last
+            latest = self.records[-1] if self.records else None
+            if latest is not None and latest.done is None and latest.first.startswith(GRADIENT):
+                latest.count, latest.pending, latest.last = latest.count + count, latest.pending + 1, last or name
+                self.in_flight[handle] = latest
+                return latest
         self.seq += 1
         record = Record(self.seq, op, name, tensors, script_line(skip))
+        record.count, record.last = count, last or name
         self.records.append(record)
         self.in_flight[handle] = record
         return record

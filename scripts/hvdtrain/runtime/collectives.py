@@ -222,6 +222,12 @@ def record_into(recorder):
 
 
 _NAME_AT = {"broadcast": 2, "alltoall": 3}  # the name's position after the tensor; 1 for the others
+_BUCKET_SPAN = " ... "
+
+
+def bucket_name(names):
+    """A bucket of gradients' name for Horovod (dist.fixed_gradient_buckets): its first and last parameter's."""
+    return names[0] if len(names) == 1 else f"{names[0]}{_BUCKET_SPAN}{names[-1]}"
 
 
 def _recorded_submission(submit, op, recorder):
@@ -232,12 +238,16 @@ def _recorded_submission(submit, op, recorder):
         name = kwargs["name"] if "name" in kwargs else args[at] if len(args) > at else None
         gradient = (sys._getframe(2).f_code.co_filename.endswith(_OPTIMIZER)
                     or sys._getframe(3).f_code.co_filename.endswith(_OPTIMIZER))
-        if gradient:
-            name = f"{GRADIENT}{name}"  # DistributedOptimizer's: Horovod names them by parameter
         first = tensor[0] if isinstance(tensor, (list, tuple)) else tensor
         more = len(tensor) - 1 if first is not tensor else 0
-        recorder.submitted(handle, op, name if isinstance(name, str) else str(name), (first.dtype, first.shape, more),
-                           burst=gradient)
+        name, last, kind = name if isinstance(name, str) else str(name), None, op
+        if gradient:
+            # DistributedOptimizer's: Horovod names them by parameter; a bucket of them is one
+            # grouped allreduce, named by its first and last (dist.fixed_gradient_buckets)
+            name, _, last = name.partition(_BUCKET_SPAN)
+            name, last, kind = f"{GRADIENT}{name}", f"{GRADIENT}{last}" if last else None, "allreduce"
+        recorder.submitted(handle, kind, name, (first.dtype, first.shape, more), burst=gradient,
+                           count=more + 1 if gradient else 1, last=last)
         return handle
     return recorded
 

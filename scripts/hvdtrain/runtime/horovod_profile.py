@@ -21,6 +21,8 @@ FORMAT = "hvdtrain-horovod-profile/1"
 PROFILE_ENV = "HVDTRAIN_HOROVOD_PROFILE"
 VARIABLES = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")  # what a profile may set
 MIB = 2 ** 20
+# The gradients' fixed buckets (dist.fixed_gradient_buckets), each fused on its own: DDP's default size.
+BUCKET_BYTES = 25 * MIB
 
 
 @dataclass(frozen=True)
