@@ -296,9 +296,9 @@ def fixed_gradient_buckets(optimizer, bucket_bytes=horovod_profile.BUCKET_BYTES)
     ones is a matter of timing. From three ranks on, an element's place in that buffer
     decides the order in which the ring (Gloo's, Open MPI's) sums the ranks' values, so
     two identical runs differ by float32 rounding wherever the buffers came out
-    differently, and the differences grow: 3e-4 in the weights after 450 steps of
-    4-rank digits with a 0.5 ms cycle; 4e-3 after an elastic reset, whose first step
-    negotiates while the new worker is still warming up. Like DDP's buckets, each group
+    differently, and the differences grow: 3e-8 in the weights after 20 steps of a
+    3-rank job at a 1 s and a 0.1 ms cycle; 4e-3 after 450 steps of a 4-rank elastic
+    job whose resets' first steps negotiated while the new worker was warming up. Like DDP's buckets, each group
     of parameters (in the order backward produces their gradients, up to ``bucket_bytes``)
     goes as one grouped allreduce once all of its gradients are ready, fused on its own
     (HOROVOD_DISABLE_GROUP_FUSION, set by ``configure``): every step sums every element
