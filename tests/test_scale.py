@@ -59,6 +59,26 @@ def test_the_job_speaks_through_rank_0_else_its_deputy_else_each_rank_itself(nee
     assert rank_9.on_peer_failure() is None
 
 
+def test_a_rank_whose_watchdog_spoke_keeps_the_speaker_quiet(need_horovod):
+    """Rank 1, stuck outside any collective, prints the job's line and exits; rank 0's collective
+    then fails. Rank 1 tells the listeners before it exits, so rank 0 adds no second line (it
+    did, where the launcher was slow to end it: a CI run under load)."""
+    from hvdtrain.liveness import peers
+
+    listening, beating = peers._udp_socket(0), peers._udp_socket(0)
+    rank_0 = peers.Peers(0, ["a", "a"], listeners={}, listening=listening)
+    rank_1 = peers.Peers(1, ["a", "a"], listeners={0: [("127.0.0.1", listening.getsockname()[1])]},
+                         beating=beating)
+    deadline = time.monotonic() + 5
+    while 0 not in rank_1.answered_once and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert 1 in rank_0.heard and 0 in rank_1.answered_once
+    rank_1.announce_reported()  # its watchdog's line is out
+    started = time.monotonic()
+    assert rank_0.on_peer_failure() is None
+    assert time.monotonic() - started < 1
+
+
 def test_a_rank_is_lost_for_a_time_only_where_the_heartbeat_was_heard(need_horovod):
     """Peers.lost_for, which cuts a long phase short (liveness/watchdog.py): the speaking
     listener judges by the ranks it heard; another rank only once it heard the listeners and

@@ -211,26 +211,39 @@ class Peers:
     def _name_the_lost(self):
         deadline = time.monotonic() + LOST_AFTER_SECONDS + BEAT_SECONDS
         while not self.silent_ranks(LOST_AFTER_SECONDS) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            if self.reported.wait(0.2):
+                return None  # the rank that ended the job said why itself
         if self.silent_ranks(LOST_AFTER_SECONDS):
-            time.sleep(BEAT_SECONDS)  # the others lost with the first (a node's ranks) fall silent too
+            # the others lost with the first (a node's ranks) fall silent too
+            if self.reported.wait(BEAT_SECONDS):
+                return None
         silent = self.silent_ranks(LOST_AFTER_SECONDS)
         if silent:  # a lost node, as after the watchdog's line: its launcher may never end the job
             teardown.end_a_stuck_launcher()
         return f"lost {self.ranks_by_node(silent)}" if silent else ""
 
     def announce_reported(self):
-        """A listener, having printed the job's line: tell every rank, so that none adds its own.
+        """This rank has printed the job's line: tell every rank, so that none adds its own.
 
-        A frozen rank reads this when it wakes (the launcher continues it to end it).
+        A listener tells every rank it hears (a frozen rank reads this when it wakes: the launcher
+        continues it to end it). Any other rank (its watchdog found it stuck outside a collective)
+        tells the listeners, which pass it on: its exit fails the others' collectives next, and
+        rank 0 would otherwise name it lost in a second line when the launcher is slow to end it.
         """
-        if self.listening is None:
-            return  # not a listener: nobody beats to this rank
-        for address in self.senders.values():
-            try:
-                self.listening.sendto(REPORTED, address)
-            except OSError:
-                pass
+        self.reported.set()
+        if self.listening is not None:
+            for address in self.senders.values():
+                try:
+                    self.listening.sendto(REPORTED, address)
+                except OSError:
+                    pass
+        elif self.beating is not None:
+            for addresses in self.listeners.values():
+                for address in addresses:
+                    try:
+                        self.beating.sendto(REPORTED, address)
+                    except OSError:
+                        pass
 
     def heard_statuses(self, seconds=SILENT_SECONDS):
         """A listener: {rank: status} of the ranks heard within ``seconds``, this rank's own included."""
@@ -258,6 +271,10 @@ class Peers:
         while True:
             try:
                 data, sender = self.listening.recvfrom(DATAGRAM)
+                if data == REPORTED:  # a rank printed the job's line itself
+                    if not self.reported.is_set():
+                        self.announce_reported()
+                    continue
                 head, _, status = data.partition(b" ")
                 rank = int(head)
             except (OSError, ValueError):

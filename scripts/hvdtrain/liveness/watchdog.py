@@ -148,7 +148,7 @@ class Watchdog:
                 self._dump("the watchdog")
                 print(f"rank {self.rank}: error: {self._cause(silent, frozen, lost)}; aborting "
                       f"(limit {limit:.0f} s: {why})", file=sys.stderr, flush=True)
-                if self.peers is not None and self.peers.listens:
+                if self.peers is not None:  # the others add no line of their own
                     self.peers.announce_reported()
                 # Whatever the heartbeat heard (a lost node may be one it never heard): the
                 # launcher of this rank's node must end, and may wait forever for a cut-off node.
