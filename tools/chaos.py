@@ -68,6 +68,9 @@ def parse_args(argv=None):
     parser.add_argument("--one-at-a-time", action="store_true",
                         help="draw the next interval only once the job trains again after a fault's reset "
                              "(default: faults fall when they fall, during a reset too)")
+    parser.add_argument("--then-after", type=float, default=None, metavar="SECONDS",
+                        help="each drawn fault kills a second worker SECONDS later, while the world re-forms "
+                             "(counted as a fault of its own)")
     parser.add_argument("--seed", type=int, default=1, help="the schedule's seed (which rank, when)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds before a run is killed")
     parser.add_argument("--json", type=Path, help="write the report here")
@@ -120,16 +123,26 @@ class Schedule:
             step, steps = self.last_step()
             if step >= steps:
                 return  # trained: a fault now would hit the job's end, not its training
-            pids = worker_pids(self.out, self.args.ranks)
-            if not pids:
+            if not self.kill_one():
                 continue
-            try:
-                os.kill(self.rng.choice(pids), signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            self.kills.append(time.monotonic() - self.run.started)
+            if self.args.then_after is not None and (not self.args.faults or len(self.kills) < self.args.faults):
+                if self.done.wait(self.args.then_after):
+                    return
+                self.kill_one()
             if self.args.one_at_a_time:
                 self.wait_for_training_after(self.kills[-1])
+
+    def kill_one(self):
+        """SIGKILL a random worker; False where none was found."""
+        pids = worker_pids(self.out, self.args.ranks)
+        if not pids:
+            return False
+        try:
+            os.kill(self.rng.choice(pids), signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        self.kills.append(time.monotonic() - self.run.started)
+        return True
 
     def wait_for_training_after(self, kill_at):
         """Until the new world's first step after the kill at ``kill_at`` (or the run's end)."""
@@ -272,6 +285,7 @@ def main(argv=None):
                       f"{run.output()[-2000:]}", file=sys.stderr)
     report = {"ranks": args.ranks, "epochs": args.epochs, "global_batch": args.global_batch,
               "commit_every": args.commit_every, "seed": args.seed, "one_at_a_time": args.one_at_a_time,
+              "then_after_s": args.then_after,
               "runs": rows}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
