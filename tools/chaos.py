@@ -14,13 +14,22 @@ every world size), so the report can hold the faulty runs to the fault-free one:
   faulty run's (both train the same samples);
 - steps kept: the steps of the job over the steps run, counting those run again
   after a reset went back to its last commit (`--elastic-commit-every`);
-- each fault: seconds from the kill to rank 0's "a worker was lost" line (detect),
+- each fault: seconds from the kill to rank 0's "a worker was lost" line (detect; the
+  relaunch path: the job's error line),
   to the new world's first line (reform) and to its first step; the lines the
   job printed from the kill to that step (progress and world lines aside);
+- the longest pause: the longest stretch without a step (a loss no rank saw waits out
+  Gloo's timeout, 30 s);
 - samples: every epoch's `train_samples` against the data set (a sample lost or
   trained twice changes it);
 - weights: the largest difference between the faulty and the fault-free run's
   final models (fp32 with --global-batch: within 1e-5, bit-equal at one size).
+
+`--relaunch` measures the other recovery path the same way: a fixed-size job
+(`horovodrun -np N`, `--checkpoint-every` instead of the elastic commits) that
+each fault ends in one line, launched again at once by the tool and resuming from
+its newest checkpoint, as a relaunch loop or Slurm's requeue would; its run
+without faults is that fixed-size job's.
 
 HOROVOD_ELASTIC_HOST_FAILURE_LIMIT is raised for these runs: its default (3) takes
 a host out at its third failed worker, the policy for a node that keeps crashing,
@@ -39,18 +48,20 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 import torch
 
-from scale_study import Timed
+from support.launch import Timed
 from support.commands import CNN
 from support.elastic_jobs import elastic_command, write_hosts
 from support.ranks import rank_pids
 
 DIGITS_TRAIN = 1438  # the digits samples train_cnn.py trains on (its fixed validation split aside)
 PROGRESS = re.compile(r"progress: step (\d+)/(\d+)")
-LOST = re.compile(r"elastic: a worker was lost; back to the last commit \(step (\d+)\)")
+# What first says a fault was seen: the elastic reset's line, or the fixed-size job's one error line.
+DETECTED = re.compile(r"elastic: a worker was lost\b.*; back to the last commit|: error: ")
 WORLD = re.compile(r"(\d+) workers? x batch")
 ENV = {"HVDTRAIN_PROGRESS_SECONDS": "0.001",  # a progress line every step: the timeline
        "HOROVOD_ELASTIC_HOST_FAILURE_LIMIT": "1000000"}
@@ -71,6 +82,10 @@ def parse_args(argv=None):
     parser.add_argument("--then-after", type=float, default=None, metavar="SECONDS",
                         help="each drawn fault kills a second worker SECONDS later, while the world re-forms "
                              "(counted as a fault of its own)")
+    parser.add_argument("--relaunch", action="store_true",
+                        help="the relaunch path instead of the elastic one: a fixed-size job that ends at a fault "
+                             "and is launched again at once, resuming from its last checkpoint (--checkpoint-every "
+                             "--commit-every), as a relaunch loop or Slurm's requeue does")
     parser.add_argument("--seed", type=int, default=1, help="the schedule's seed (which rank, when)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds before a run is killed")
     parser.add_argument("--json", type=Path, help="write the report here")
@@ -84,10 +99,11 @@ def parse_args(argv=None):
 
 
 def job(args, out):
-    return [CNN, "--elastic", "--dataset", "digits", "--model", "convnet", "--precision", "fp32",
+    saving = (["--checkpoint-every", args.commit_every] if args.relaunch
+              else ["--elastic", "--elastic-commit-every", args.commit_every])
+    return [CNN, "--dataset", "digits", "--model", "convnet", "--precision", "fp32",
             "--threads", "1", "--epochs", args.epochs, "--global-batch", args.global_batch,
-            "--batch-size", args.global_batch // args.ranks, "--lr", "0.01",
-            "--elastic-commit-every", args.commit_every, "--output-dir", out]
+            "--batch-size", args.global_batch // args.ranks, "--lr", "0.01", *saving, "--output-dir", out]
 
 
 def worker_pids(out, ranks):
@@ -133,8 +149,11 @@ class Schedule:
                 self.wait_for_training_after(self.kills[-1])
 
     def kill_one(self):
-        """SIGKILL a random worker; False where none was found."""
+        """SIGKILL a random worker (the relaunch path: once the next launch has one); False where
+        none was found."""
         pids = worker_pids(self.out, self.args.ranks)
+        while not pids and self.args.relaunch and not self.done.wait(0.1):
+            pids = worker_pids(self.out, self.args.ranks)
         if not pids:
             return False
         try:
@@ -158,10 +177,27 @@ class Schedule:
 
 
 def launch(args, out, hostfile, interval=None, seed=0):
+    """The job under the schedule of mean ``interval`` (None: no faults): (its run, the kills' times)."""
+    if args.relaunch:
+        return relaunch_loop(args, out, interval, seed)
     command = elastic_command(hostfile, args.ranks, job(args, out))
     run = Timed(command, ENV, args.timeout)
     schedule = Schedule(run, out, args, interval, random.Random(seed)) if interval is not None else None
     run.wait()
+    return run, (schedule.stop() if schedule else [])
+
+
+def relaunch_loop(args, out, interval, seed):
+    """The relaunch path: a fixed-size job, ended in one line by each fault, launched again at once
+    (resuming from its newest checkpoint) until it completes; one timeline for all its launches."""
+    command = ["horovodrun", "-np", args.ranks, "--gloo", sys.executable, *job(args, out)]
+    timeline = types.SimpleNamespace(started=time.monotonic(), lines=[])
+    schedule = Schedule(timeline, out, args, interval, random.Random(seed)) if interval is not None else None
+    while True:
+        left = args.timeout - (time.monotonic() - timeline.started)
+        run = Timed(command, ENV, max(1, left), started=timeline.started, lines=timeline.lines).wait()
+        if run.process.returncode == 0 or left <= 1 or schedule is None:
+            break
     return run, (schedule.stop() if schedule else [])
 
 
@@ -170,7 +206,7 @@ def first_after(lines, at, pattern):
 
 
 def fault_record(lines, kill_at, next_kill_at):
-    detected, _ = first_after(lines, kill_at, LOST)
+    detected, _ = first_after(lines, kill_at, DETECTED)
     reformed, _ = first_after(lines, kill_at, WORLD)
     stepped, _ = first_after(lines, reformed, PROGRESS) if reformed is not None else (None, None)
     recovered = min(next_kill_at, stepped if stepped is not None else next_kill_at)
@@ -185,15 +221,15 @@ def fault_record(lines, kill_at, next_kill_at):
 
 
 def steps_run_again(lines):
-    """For each reset: the steps between the last one finished and the commit it went back to."""
+    """For each reset or relaunch: the steps between the last one finished and the commit or
+    checkpoint it went back to (the progress line's step going back)."""
     last, again = 0, 0
     for _, line in lines:
         found = PROGRESS.search(line)
         if found:
-            last = int(found.group(1))
-        lost = LOST.search(line)
-        if lost:
-            again += max(0, last - int(lost.group(1)))
+            step = int(found.group(1))
+            again += max(0, last - (step - 1))
+            last = step
     return again
 
 
@@ -215,6 +251,13 @@ def largest_difference(a, b):
     return max((a[1][key].float() - b[1][key].float()).abs().max().item() for key in b[1])
 
 
+def longest_pause(lines):
+    """The longest stretch without a step, from the first step on (a reset, a relaunch, a loss
+    no rank saw): seconds."""
+    times = [t for t, line in lines if PROGRESS.search(line)]
+    return round(max((b - a for a, b in zip(times, times[1:])), default=0.0), 2)
+
+
 def training_seconds(run):
     first, _ = first_after(run.lines, 0, PROGRESS)
     return None if first is None else run.ended - first
@@ -232,6 +275,7 @@ def report_run(run, out, args, kills, baseline_seconds, baseline_model):
             "faults": len(kills), "steps": steps, "steps_run_again": again,
             "world_sizes": [int(m.group(1)) for _, line in run.lines for m in [WORLD.search(line)] if m],
             "steps_kept": round(steps / (steps + again), 3) if steps else None,
+            "longest_pause_s": longest_pause(run.lines),
             "samples_lost_or_twice": samples_off(out, args.epochs),
             "weights_max_difference": largest_difference(final_model(out), baseline_model),
             "fault_records": [fault_record(run.lines, at, bounds[i + 1]) for i, at in enumerate(kills)],
@@ -285,6 +329,7 @@ def main(argv=None):
                       f"{run.output()[-2000:]}", file=sys.stderr)
     report = {"ranks": args.ranks, "epochs": args.epochs, "global_batch": args.global_batch,
               "commit_every": args.commit_every, "seed": args.seed, "one_at_a_time": args.one_at_a_time,
+              "path": "relaunch" if args.relaunch else "elastic",
               "then_after_s": args.then_after,
               "runs": rows}
     if args.json:

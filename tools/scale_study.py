@@ -31,7 +31,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,7 +39,7 @@ from pathlib import Path
 
 from support.commands import CNN
 from support.hosts import Hosts, require_hosts
-from support.launch import test_env
+from support.launch import Timed
 from support.ranks import rank_pids
 
 JOB = ["--dataset", "synthetic", "--synthetic-samples", "100000", "--model", "convnet", "--image-size", "8",
@@ -71,41 +70,6 @@ def parse_args():
                         help="only the elastic launches (the reset after a lost rank), on this machine")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     return parser.parse_args()
-
-
-class Timed:
-    """A launch whose output lines are timestamped as they arrive; killed (group) at the timeout."""
-
-    def __init__(self, command, env, timeout):
-        self.started = time.monotonic()
-        self.lines = []  # (seconds since start, line)
-        self.process = subprocess.Popen([str(c) for c in command], env=test_env(env), start_new_session=True,
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
-        self.timer = threading.Timer(timeout, self.kill)
-        self.timer.start()
-
-    def kill(self):
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def wait(self):
-        for line in self.process.stdout:
-            self.lines.append((time.monotonic() - self.started, line.rstrip("\n")))
-        self.process.wait()
-        self.ended = time.monotonic() - self.started
-        self.ended_wall = time.time()
-        self.timer.cancel()
-        self.kill()  # ranks a launcher left behind
-        return self
-
-    def first(self, pattern):
-        return next((at for at, line in self.lines if pattern.search(line)), None)
-
-    def output(self):
-        return "\n".join(line for _, line in self.lines)
 
 
 def command_for(ranks, hosts, out, extra, scratch):

@@ -154,3 +154,40 @@ def wait_then(condition, action, timeout):
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread
+
+
+class Timed:
+    """A launch whose output lines are timestamped as they arrive; killed (group) at the timeout
+    (the tools that time a job's phases: tools/scale_study.py, tools/chaos.py)."""
+
+    def __init__(self, command, env, timeout, started=None, lines=None):
+        # ``started``, ``lines``: a timeline several launches share (a job relaunched after each fault)
+        self.started = time.monotonic() if started is None else started
+        self.lines = [] if lines is None else lines  # (seconds since start, line)
+        self.process = subprocess.Popen([str(c) for c in command], env=test_env(env), start_new_session=True,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+        self.timer = threading.Timer(timeout, self.kill)
+        self.timer.start()
+
+    def kill(self):
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait(self):
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic() - self.started, line.rstrip("\n")))
+        self.process.wait()
+        self.ended = time.monotonic() - self.started
+        self.ended_wall = time.time()
+        self.timer.cancel()
+        self.kill()  # ranks a launcher left behind
+        return self
+
+    def first(self, pattern):
+        return next((at for at, line in self.lines if pattern.search(line)), None)
+
+    def output(self):
+        return "\n".join(line for _, line in self.lines)

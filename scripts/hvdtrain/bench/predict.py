@@ -25,7 +25,7 @@ import torch
 
 from hvdtrain import cli
 from hvdtrain.bench.options import BERT_MODELS, CNN_MODELS
-from hvdtrain.runtime.horovod_profile import BUCKET_BYTES
+from hvdtrain.runtime.horovod_profile import BUCKET_BYTES, packed
 
 MIB = 2**20
 
@@ -50,17 +50,11 @@ def fusion_buffers(tensor_bytes, threshold, bucket=BUCKET_BYTES):
     ``threshold`` bytes; a tensor larger than the limit, or any tensor with
     threshold 0, goes alone.
     """
-    return [sum(buffer) for tensors in _packed(tensor_bytes, bucket) for buffer in _packed(tensors, threshold)]
-
-
-def _packed(tensor_bytes, limit):
-    """The tensors in order, in groups of at most ``limit`` bytes (a larger one alone; 0: each alone)."""
-    groups = []
-    for size in tensor_bytes:
-        if not groups or limit <= 0 or sum(groups[-1]) + size > limit:
-            groups.append([])
-        groups[-1].append(size)
-    return groups
+    buffers = []
+    for bucket in packed(tensor_bytes, bucket):
+        sizes = [tensor_bytes[i] for i in bucket]
+        buffers += [sum(sizes[i] for i in buffer) for buffer in packed(sizes, threshold)]
+    return buffers
 
 
 def communication_seconds(tensor_bytes, threshold, nodes, busbw, latency):

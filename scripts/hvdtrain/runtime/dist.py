@@ -311,15 +311,9 @@ def fixed_gradient_buckets(optimizer, bucket_bytes=horovod_profile.BUCKET_BYTES)
     """
     if not hasattr(optimizer, "_p_to_group"):
         return optimizer
-    buckets, size = [], bucket_bytes
-    for p in reversed([p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]):
-        nbytes = p.numel() * p.element_size()
-        if size + nbytes > bucket_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(p)
-        size += nbytes
-    optimizer._groups = [tuple(bucket) for bucket in buckets]
+    params = list(reversed([p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]))
+    sizes = [p.numel() * p.element_size() for p in params]
+    optimizer._groups = [tuple(params[i] for i in bucket) for bucket in horovod_profile.packed(sizes, bucket_bytes)]
     optimizer._p_to_group = {p: bucket for bucket in optimizer._groups for p in bucket}
     optimizer._group_counts = dict.fromkeys(optimizer._groups, 0)
     # (a partial, not a lambda: no frame between Horovod's hook and the submission, which is how the

@@ -14,9 +14,10 @@ holds the run's Checkpointer components (model, optimizer, scheduler, scaler,
 train state; the per-rank ones too) as in-memory copies of their
 ``state_dict()``s. Every ``--elastic-commit-every`` steps and at each epoch's
 end they are committed (copied; cadence.CheckpointManager decides when); when a
-worker dies, the survivors load the last commit; after every reset rank 0's
-state goes to every rank with tensor broadcasts (``collectives.broadcast_state``;
-never one pickle of the model). Each call of ``train()`` then reads this world's
+worker dies, the survivors load the last commit; after every reset the state of
+rank 0 (or of the first rank that has trained, where rank 0 is a new worker) goes
+to every rank with tensor broadcasts (``collectives.broadcast_state``; never one
+pickle of the model). Each call of ``train()`` then reads this world's
 rank and size itself (``Run.begin``).
 
 A worker that joins a running job starts the script from the top while the
@@ -29,6 +30,8 @@ import contextlib
 import copy
 import os
 import queue
+import re
+import sys
 
 from horovod.common.elastic import State
 from horovod.common.exceptions import HostsUpdatedInterrupt
@@ -44,6 +47,18 @@ def check_launcher(elastic):
     if elastic and os.environ.get(ELASTIC_ENV) != "1":
         raise UsageError("--elastic needs an elastic launch: horovodrun --min-np N --max-np M "
                          "--host-discovery-script SCRIPT (see README, Elastic training)")
+
+
+def _how():
+    """" (Connection closed by peer [10.0.0.7]:4242)": how this rank's collective failed, read from the
+    HorovodInternalError hvd.elastic.run is handling while it calls ``restore``; "" elsewhere."""
+    error = sys.exc_info()[1]
+    if error is None:
+        return ""
+    # Horovod's and Gloo's messages run on (the first sentence says it), and Gloo's begin with
+    # its source file and line.
+    first = re.sub(r"^(\[[^\]]*\] )+", "", (str(error).strip().splitlines() or [""])[0]).split(". ")[0]
+    return f" ({first[:160]})" if first else ""
 
 
 class Commits(State):
@@ -78,7 +93,7 @@ class Commits(State):
 
     def restore(self):
         # Copies again: load_state_dict may keep the given tensors, which training then updates in place.
-        self.ctx.print0("elastic: a worker was lost; back to the last commit "
+        self.ctx.print0(f"elastic: a worker was lost{_how()}; back to the last commit "
                         f"(step {self.saved['train_state']['step']})")
         for name, part in self._parts().items():
             part.load_state_dict(copy.deepcopy(self.saved[name]))
@@ -96,12 +111,19 @@ class Commits(State):
             raise  # hvd.elastic.run re-forms the world
 
     def sync(self):
-        """Rank 0's shared components (and whether the run started) on every rank; collective."""
+        """The shared components (and whether the run started) of the first rank that holds the run,
+        rank 0 where it does, on every rank; collective."""
         with self.ctx.watchdog.phase("synchronising the elastic state"):
             shared = self.checkpointer.shared
-            root = dist.world_rank() == 0  # this world's: the context follows it later (Run.begin)
+            # Rank 0 of a world may be a worker that never trained: Horovod keeps rank 0 on a live
+            # worker, but where the world re-formed twice (a fault during a reset) the worker started
+            # for the first fault counts as live, and the run went back to its checkpoint on disk.
+            # Horovod: which ranks hold the run (one tiny allgather).
+            holders = collectives.ranks_where(self.started, name="elastic.started")
+            source = holders[0] if holders else 0
+            root = dist.world_rank() == source  # this world's rank: the context follows it later (Run.begin)
             mine = {"started": self.started, **{name: part.state_dict() for name, part in shared.items()}}
-            received = collectives.broadcast_state(mine if root else None, root_rank=0)
+            received = collectives.broadcast_state(mine if root else None, root_rank=source)
             if not root:
                 for name, part in shared.items():
                     part.load_state_dict(received[name])

@@ -25,6 +25,20 @@ MIB = 2 ** 20
 BUCKET_BYTES = 25 * MIB
 
 
+def packed(sizes, limit):
+    """Positions of ``sizes`` in order, in groups of at most ``limit`` bytes (a larger one alone;
+    0: each alone): the gradients' buckets (dist.fixed_gradient_buckets) and the fusion buffers
+    within them (bench/predict.py)."""
+    groups, total = [], 0
+    for position, size in enumerate(sizes):
+        if not groups or limit <= 0 or total + size > limit:
+            groups.append([])
+            total = 0
+        groups[-1].append(position)
+        total += size
+    return groups
+
+
 @dataclass(frozen=True)
 class Profile:
     path: str
