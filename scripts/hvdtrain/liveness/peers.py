@@ -198,9 +198,11 @@ class Peers:
 
     def beat_now(self):
         """One beat now, outside the heartbeat's rhythm (a status the listeners must have at once)."""
-        if self.beating is None:
-            return
-        message = self._message()
+        if self.beating is not None:
+            self._to_listeners(self._message())
+
+    def _to_listeners(self, message):
+        """``message`` to every listener this rank beats to (a lost datagram costs nothing)."""
         for addresses in self.listeners.values():
             for address in addresses:
                 try:
@@ -238,12 +240,7 @@ class Peers:
                 except OSError:
                     pass
         elif self.beating is not None:
-            for addresses in self.listeners.values():
-                for address in addresses:
-                    try:
-                        self.beating.sendto(REPORTED, address)
-                    except OSError:
-                        pass
+            self._to_listeners(REPORTED)
 
     def heard_statuses(self, seconds=SILENT_SECONDS):
         """A listener: {rank: status} of the ranks heard within ``seconds``, this rank's own included."""
