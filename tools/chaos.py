@@ -31,14 +31,23 @@ each fault ends in one line, launched again at once by the tool and resuming fro
 its newest checkpoint, as a relaunch loop or Slurm's requeue would; its run
 without faults is that fixed-size job's.
 
+`--hosts H` spreads the slots over H simulated hosts (tests/support/hosts.py: network
+namespaces on one bridge, each with its own address, host name and sshd; horovodrun
+starts the other hosts' workers over ssh, as on a cluster; root); `--fault host`
+then loses a random host's workers at once (a node lost: Horovod takes the host
+out, the others go on, and the host is listed again after `--return-after` seconds,
+horovodrun's blacklist cooldown, and joins at the job's next commit).
+
 HOROVOD_ELASTIC_HOST_FAILURE_LIMIT is raised for these runs: its default (3) takes
 a host out at its third failed worker, the policy for a node that keeps crashing,
 which on one host would end the job at the third fault (docs/launching.md).
 
     .venv/bin/python tools/chaos.py --ranks 8 --interval 60 30 15 --epochs 80 \\
         --json runs/chaos.json --plot runs/chaos.png
+    .venv/bin/python tools/chaos.py --ranks 16 --hosts 4 --fault host --interval 60
 """
 import argparse
+import contextlib
 import json
 import random
 import re
@@ -56,6 +65,7 @@ import torch
 from support.launch import Timed
 from support.commands import CNN
 from support.elastic_jobs import elastic_command, write_hosts
+from support.hosts import INTERFACE, Hosts, require_hosts
 from support.ranks import rank_pids
 
 DIGITS_TRAIN = 1438  # the digits samples train_cnn.py trains on (its fixed validation split aside)
@@ -86,6 +96,13 @@ def parse_args(argv=None):
                         help="the relaunch path instead of the elastic one: a fixed-size job that ends at a fault "
                              "and is launched again at once, resuming from its last checkpoint (--checkpoint-every "
                              "--commit-every), as a relaunch loop or Slurm's requeue does")
+    parser.add_argument("--hosts", type=int, default=0,
+                        help="simulated hosts the slots spread over (network namespaces with sshd; root); "
+                             "0: this machine")
+    parser.add_argument("--fault", choices=["worker", "host"], default="worker",
+                        help="what a fault kills: a random worker, or every worker of a random host (--hosts)")
+    parser.add_argument("--return-after", type=int, default=5, metavar="SECONDS",
+                        help="--fault host: seconds until a lost host is listed again (the blacklist cooldown)")
     parser.add_argument("--seed", type=int, default=1, help="the schedule's seed (which rank, when)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds before a run is killed")
     parser.add_argument("--json", type=Path, help="write the report here")
@@ -95,6 +112,10 @@ def parse_args(argv=None):
         parser.error(f"--ranks {args.ranks}: needs 2 or more ranks dividing --global-batch {args.global_batch}")
     if min(args.interval) <= 0:
         parser.error("--interval: mean seconds between faults must be positive")
+    if args.hosts < 0 or (args.hosts and args.ranks % args.hosts):
+        parser.error(f"--hosts {args.hosts}: must divide --ranks {args.ranks}")
+    if args.fault == "host" and args.hosts < 2:
+        parser.error("--fault host: needs --hosts 2 or more (a job on one host ends with it)")
     return args
 
 
@@ -111,11 +132,48 @@ def worker_pids(out, ranks):
     return sorted({pid for rank in range(ranks) for pid in rank_pids(str(out), rank)})
 
 
+class Place:
+    """Where the job runs: this machine, or --hosts simulated hosts (the launcher on the first)."""
+
+    def __init__(self, args):
+        self.slots = args.ranks // max(1, args.hosts)
+        self.hosts = None
+        if args.hosts:
+            require_hosts()
+            self.hosts = Hosts([f"node{i}" for i in range(1, args.hosts + 1)], "10.79.0").start()
+        self.names = self.hosts.names if self.hosts else ["localhost"]
+        self.interface = INTERFACE if self.hosts else "lo"
+
+    def write_hostfile(self, path):
+        write_hosts(path, *(f"{name} slots={self.slots}" for name in self.names))
+
+    def launch(self, command, timeout, **timeline):
+        if self.hosts:
+            return Timed(self.hosts.on_first(command), {**ENV, **self.hosts.env()}, timeout, **timeline)
+        return Timed(command, ENV, timeout, **timeline)
+
+    def host_of(self, pid):
+        """The host ``pid`` runs on (its network namespace), None where it is gone."""
+        if not self.hosts:
+            return "localhost"
+        try:
+            network = os.stat(f"/proc/{pid}/ns/net").st_ino
+        except OSError:
+            return None
+        return next((name for name, namespace in self.hosts.namespaces.items()
+                     if os.stat(f"/run/netns/{namespace}").st_ino == network), None)
+
+    def stop(self):
+        if self.hosts:
+            self.hosts.stop()
+
+
 class Schedule:
     """From the job's first step on: a random worker SIGKILLed after each exponential interval of mean T."""
 
-    def __init__(self, run, out, args, interval, rng):
+    def __init__(self, run, out, args, interval, rng, place):
         self.run, self.out, self.args, self.interval, self.rng = run, out, args, interval, rng
+        self.place = place
         self.kills = []  # seconds since the launch
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.inject, daemon=True)
@@ -149,19 +207,30 @@ class Schedule:
                 self.wait_for_training_after(self.kills[-1])
 
     def kill_one(self):
-        """SIGKILL a random worker (the relaunch path: once the next launch has one); False where
-        none was found."""
+        """SIGKILL a random worker, or every worker of a random host (--fault host); the relaunch
+        path: once the next launch has them. False where none was found."""
         pids = worker_pids(self.out, self.args.ranks)
         while not pids and self.args.relaunch and not self.done.wait(0.1):
             pids = worker_pids(self.out, self.args.ranks)
         if not pids:
             return False
-        try:
-            os.kill(self.rng.choice(pids), signal.SIGKILL)
-        except ProcessLookupError:
-            return False
-        self.kills.append(time.monotonic() - self.run.started)
-        return True
+        if self.args.fault == "host":
+            on = {}
+            for pid in pids:
+                on.setdefault(self.place.host_of(pid), []).append(pid)
+            victims = on[self.rng.choice(sorted(host for host in on if host))]
+        else:
+            victims = [self.rng.choice(pids)]
+        killed = False
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+            except ProcessLookupError:
+                pass
+        if killed:
+            self.kills.append(time.monotonic() - self.run.started)
+        return killed
 
     def wait_for_training_after(self, kill_at):
         """Until the new world's first step after the kill at ``kill_at`` (or the run's end)."""
@@ -176,26 +245,34 @@ class Schedule:
         return self.kills
 
 
-def launch(args, out, hostfile, interval=None, seed=0):
+def launch(args, place, out, hostfile, interval=None, seed=0):
     """The job under the schedule of mean ``interval`` (None: no faults): (its run, the kills' times)."""
     if args.relaunch:
-        return relaunch_loop(args, out, interval, seed)
-    command = elastic_command(hostfile, args.ranks, job(args, out))
-    run = Timed(command, ENV, args.timeout)
-    schedule = Schedule(run, out, args, interval, random.Random(seed)) if interval is not None else None
-    run.wait()
-    return run, (schedule.stop() if schedule else [])
+        run, kills = relaunch_loop(args, place, out, interval, seed)
+    else:
+        # The cooldown: how long a host whose every worker failed stays out (--fault host).
+        command = elastic_command(hostfile, args.ranks, job(args, out), interface=place.interface,
+                                  extra=["--blacklist-cooldown-range", args.return_after, args.return_after])
+        run = place.launch(command, args.timeout)
+        schedule = Schedule(run, out, args, interval, random.Random(seed), place) if interval is not None else None
+        run.wait()
+        kills = schedule.stop() if schedule else []
+    for pid in worker_pids(out, args.ranks):  # a worker another host's launcher left behind
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return run, kills
 
 
-def relaunch_loop(args, out, interval, seed):
+def relaunch_loop(args, place, out, interval, seed):
     """The relaunch path: a fixed-size job, ended in one line by each fault, launched again at once
     (resuming from its newest checkpoint) until it completes; one timeline for all its launches."""
-    command = ["horovodrun", "-np", args.ranks, "--gloo", sys.executable, *job(args, out)]
+    command = ["horovodrun", "-np", args.ranks, "-H", ",".join(f"{name}:{place.slots}" for name in place.names),
+               "--gloo", "--network-interface", place.interface, sys.executable, *job(args, out)]
     timeline = types.SimpleNamespace(started=time.monotonic(), lines=[])
-    schedule = Schedule(timeline, out, args, interval, random.Random(seed)) if interval is not None else None
+    schedule = Schedule(timeline, out, args, interval, random.Random(seed), place) if interval is not None else None
     while True:
         left = args.timeout - (time.monotonic() - timeline.started)
-        run = Timed(command, ENV, max(1, left), started=timeline.started, lines=timeline.lines).wait()
+        run = place.launch(command, max(1, left), started=timeline.started, lines=timeline.lines).wait()
         if run.process.returncode == 0 or left <= 1 or schedule is None:
             break
     return run, (schedule.stop() if schedule else [])
@@ -205,9 +282,13 @@ def first_after(lines, at, pattern):
     return next(((t, m) for t, line in lines if t >= at for m in [pattern.search(line)] if m), (None, None))
 
 
-def fault_record(lines, kill_at, next_kill_at):
+def fault_record(lines, kill_at, next_kill_at, ranks):
     detected, _ = first_after(lines, kill_at, DETECTED)
     reformed, _ = first_after(lines, kill_at, WORLD)
+    # The world of every slot again: at once where a lost worker's slot is refilled; a lost
+    # host's after its cooldown, at the next commit.
+    whole = next((t for t, line in lines if t >= kill_at for m in [WORLD.search(line)] if m and int(m.group(1)) == ranks),
+                 None)
     stepped, _ = first_after(lines, reformed, PROGRESS) if reformed is not None else (None, None)
     recovered = min(next_kill_at, stepped if stepped is not None else next_kill_at)
     printed = [line for t, line in lines if kill_at <= t < recovered
@@ -217,7 +298,8 @@ def fault_record(lines, kill_at, next_kill_at):
         return None if t is None or t >= next_kill_at else round(t - kill_at, 2)
 
     return {"at_s": round(kill_at, 2), "detect_s": since(detected), "reform_s": since(reformed),
-            "first_step_s": since(stepped), "lines": len(printed), "said": printed[:5]}
+            "first_step_s": since(stepped), "whole_again_s": since(whole), "lines": len(printed),
+            "said": printed[:5]}
 
 
 def steps_run_again(lines):
@@ -278,7 +360,7 @@ def report_run(run, out, args, kills, baseline_seconds, baseline_model):
             "longest_pause_s": longest_pause(run.lines),
             "samples_lost_or_twice": samples_off(out, args.epochs),
             "weights_max_difference": largest_difference(final_model(out), baseline_model),
-            "fault_records": [fault_record(run.lines, at, bounds[i + 1]) for i, at in enumerate(kills)],
+            "fault_records": [fault_record(run.lines, at, bounds[i + 1], args.ranks) for i, at in enumerate(kills)],
             "timeline": [(round(t, 2), int(m.group(1))) for t, line in run.lines for m in [PROGRESS.search(line)] if m]}
 
 
@@ -306,31 +388,41 @@ def plot(path, rows):
     figure.savefig(path, dpi=100)
 
 
+def run_all(args, place, scratch, rows):
+    """The run without faults, then one under each --interval; a row each in ``rows``."""
+    hostfile = scratch / "hosts"
+    place.write_hostfile(hostfile)
+    base_out = scratch / "no-faults"
+    base_run, _ = launch(args, place, base_out, hostfile)
+    if base_run.process.returncode != 0:
+        sys.exit(f"chaos.py: error: the run without faults failed:\n{base_run.output()[-3000:]}")
+    baseline_seconds, baseline_model = training_seconds(base_run), final_model(base_out)
+    rows.append({"interval_s": None, **report_run(base_run, base_out, args, [], baseline_seconds, baseline_model)})
+    print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("timeline", "fault_records")}), flush=True)
+    for number, interval in enumerate(args.interval):
+        out = scratch / f"every-{interval:g}s"
+        run, kills = launch(args, place, out, hostfile, interval, seed=args.seed * 1000 + number)
+        rows.append({"interval_s": interval, **report_run(run, out, args, kills, baseline_seconds, baseline_model)})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "timeline"}), flush=True)
+        if run.process.returncode != 0:
+            print(f"chaos.py: the run at T = {interval:g} s ended with exit {run.process.returncode}:\n"
+                  f"{run.output()[-2000:]}", file=sys.stderr)
+
+
 def main(argv=None):
     args = parse_args(argv)
     rows = []
-    with tempfile.TemporaryDirectory() as scratch:
-        hostfile = Path(scratch) / "hosts"
-        write_hosts(hostfile, f"localhost slots={args.ranks}")
-        base_out = Path(scratch) / "no-faults"
-        base_run, _ = launch(args, base_out, hostfile)
-        if base_run.process.returncode != 0:
-            sys.exit(f"chaos.py: error: the run without faults failed:\n{base_run.output()[-3000:]}")
-        baseline_seconds, baseline_model = training_seconds(base_run), final_model(base_out)
-        rows.append({"interval_s": None, **report_run(base_run, base_out, args, [], baseline_seconds, baseline_model)})
-        print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("timeline", "fault_records")}), flush=True)
-        for number, interval in enumerate(args.interval):
-            out = Path(scratch) / f"every-{interval:g}s"
-            run, kills = launch(args, out, hostfile, interval, seed=args.seed * 1000 + number)
-            rows.append({"interval_s": interval, **report_run(run, out, args, kills, baseline_seconds, baseline_model)})
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "timeline"}), flush=True)
-            if run.process.returncode != 0:
-                print(f"chaos.py: the run at T = {interval:g} s ended with exit {run.process.returncode}:\n"
-                      f"{run.output()[-2000:]}", file=sys.stderr)
+    place = Place(args)
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            run_all(args, place, Path(scratch), rows)
+    finally:
+        place.stop()
     report = {"ranks": args.ranks, "epochs": args.epochs, "global_batch": args.global_batch,
               "commit_every": args.commit_every, "seed": args.seed, "one_at_a_time": args.one_at_a_time,
               "path": "relaunch" if args.relaunch else "elastic",
-              "then_after_s": args.then_after,
+              "then_after_s": args.then_after, "hosts": args.hosts, "fault": args.fault,
+              "return_after_s": args.return_after if args.fault == "host" else None,
               "runs": rows}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -58,8 +58,12 @@ def any_rank_true(flag, name="any_rank_true"):
 
 def ranks_where(flag, name="ranks_where"):
     """The ranks where ``flag`` is true, the same list on every rank (one tiny allgather)."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    return [rank for rank, bit in enumerate(hvd.allgather(value, name=name).tolist()) if bit]  # Horovod
+    return [rank for rank, bit in enumerate(every_ranks_int(1 if flag else 0, name)) if bit]
+
+
+def every_ranks_int(value, name):
+    """Every rank's ``value`` (an int32), in rank order, the same list on every rank (one tiny allgather)."""
+    return hvd.allgather(torch.tensor([value], dtype=torch.int32), name=name).tolist()  # Horovod
 
 
 def barrier(name):

@@ -39,6 +39,7 @@ from horovod.common.exceptions import HostsUpdatedInterrupt
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime import collectives, dist
 
+HOLDS_THE_RUN, SAID_THE_LOSS = 1, 2  # what a rank tells the others in sync
 ELASTIC_ENV = "HOROVOD_ELASTIC"  # set by horovodrun for --min-np/--max-np/--host-discovery-script jobs
 
 
@@ -76,6 +77,8 @@ class Commits(State):
         self.commit_every = commit_every
         self.enabled = enabled
         self.started = False  # the checkpoint on disk is restored (Run.begin), once per job
+        self.lost_line = None  # what restore says of a lost worker, until the next world has formed
+        self.lost_line_said = False  # by this rank (rank 0 of the world that lost it)
         self.saved = None
         self._reset_phase = contextlib.ExitStack()
         # Horovod: rank 0's host-update timestamps, a few bytes (the State's own check)
@@ -92,9 +95,13 @@ class Commits(State):
             self.saved = {name: copy.deepcopy(part.state_dict()) for name, part in self._parts().items()}
 
     def restore(self):
+        # Rank 0 says it at once; where rank 0 was the worker lost, the rank the state comes from
+        # says it once the next world has formed (sync).
+        self.lost_line = (f"elastic: a worker was lost{_how()}; back to the last commit "
+                          f"(step {self.saved['train_state']['step']})")
+        self.ctx.print0(self.lost_line)
+        self.lost_line_said = self.ctx.is_main
         # Copies again: load_state_dict may keep the given tensors, which training then updates in place.
-        self.ctx.print0(f"elastic: a worker was lost{_how()}; back to the last commit "
-                        f"(step {self.saved['train_state']['step']})")
         for name, part in self._parts().items():
             part.load_state_dict(copy.deepcopy(self.saved[name]))
             if hasattr(part, "zero_grad"):
@@ -118,10 +125,15 @@ class Commits(State):
             # Rank 0 of a world may be a worker that never trained: Horovod keeps rank 0 on a live
             # worker, but where the world re-formed twice (a fault during a reset) the worker started
             # for the first fault counts as live, and the run went back to its checkpoint on disk.
-            # Horovod: which ranks hold the run (one tiny allgather).
-            holders = collectives.ranks_where(self.started, name="elastic.started")
+            # Horovod: which ranks hold the run, and whether the loss was said (one tiny allgather).
+            states = collectives.every_ranks_int(HOLDS_THE_RUN * self.started + SAID_THE_LOSS * self.lost_line_said,
+                                                 name="elastic.started")
+            holders = [rank for rank, state in enumerate(states) if state & HOLDS_THE_RUN]
             source = holders[0] if holders else 0
             root = dist.world_rank() == source  # this world's rank: the context follows it later (Run.begin)
+            if root and self.lost_line and not any(state & SAID_THE_LOSS for state in states):
+                print(self.lost_line, flush=True)  # rank 0 of the old world was the worker lost
+            self.lost_line, self.lost_line_said = None, False
             mine = {"started": self.started, **{name: part.state_dict() for name, part in shared.items()}}
             received = collectives.broadcast_state(mine if root else None, root_rank=source)
             if not root:
