@@ -73,6 +73,7 @@ def test_the_relaunch_path_resumes_each_fault_from_the_newest_checkpoint(tmp_pat
 
 
 @pytest.mark.scale
+@pytest.mark.whole_machine  # 16 ranks: a test beside it stretched a reset past 30 s
 def test_sixteen_ranks_under_a_fault_every_15_s_lose_no_sample(tmp_path):
     """docs/scale.md's harshest schedule, shortened: 16 slots, a worker killed every 15 s on
     average whenever it falls (in a reset too): the job completes, every sample once per epoch."""

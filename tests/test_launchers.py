@@ -8,6 +8,8 @@ see support/hosts.py). The one-machine forms with hostfiles/localhost* run as th
 README writes them in test_readme.py.
 """
 import contextlib
+import os
+import subprocess
 import json
 import sys
 import time
@@ -17,7 +19,7 @@ import pytest
 from support.checkpoints import any_checkpoint
 from support.checks import ok, the_error_line
 from support.launch import REPO, SCRIPTS, launch, python, wait_then
-from support.hosts import INTERFACE
+from support.hosts import INTERFACE, Hosts, require_hosts
 
 HOSTFILES = REPO / "hostfiles"
 TINY_CNN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--epochs", "1", "--max-steps", "3"]
@@ -132,3 +134,22 @@ def test_a_partitioned_host_ends_an_mpirun_job_with_one_line_naming_it(need_horo
         "warning: 2 nodes report the host name hvd-a (cloned machines or containers?): "
         "the job's lines name a lost one by its address"]), ran.describe()
     print(f"partition: the job ended {ended - cut['at']:.0f} s after hvd-b's link went down")
+
+
+def test_simulated_hosts_side_by_side_survive_each_other_s_end():
+    """Two instances of support/hosts.py side by side (the suite's two and four hosts, tools/chaos.py
+    --hosts): the first one stopped removed sshd's privilege separation directory, which it had
+    created, and the other's sshd reset every connection from then on (a make test-scale run:
+    15 four-host tests failed with `kex_exchange_identification: Connection reset by peer`)."""
+    require_hosts()
+    first = Hosts(["solo-a"], "10.81.0").start()
+    try:
+        second = Hosts(["solo-b"], "10.82.0").start()
+    finally:
+        first.stop()
+    try:
+        probe = subprocess.run(second.on_first(["ssh", "solo-b", "hostname"]), env={**os.environ, **second.env()},
+                               capture_output=True, text=True, timeout=30)
+        assert probe.stdout.strip() == "solo-b", probe.stderr
+    finally:
+        second.stop()

@@ -115,9 +115,8 @@ class Hosts:
 
     def _hosts_files(self):
         """`ip netns exec` bind-mounts /etc/netns/<namespace>/hosts over /etc/hosts."""
-        if not Path("/etc/netns").exists():
-            Path("/etc/netns").mkdir()
-            self.created.append(("dir", "/etc/netns"))
+        # Shared by every instance, so never removed: one that stopped removed it under another's feet.
+        Path("/etc/netns").mkdir(exist_ok=True)
         text = "127.0.0.1 localhost\n" + "".join(f"{ip} {name}\n" for name, ip in self.addresses.items())
         for namespace in self.namespaces.values():
             directory = Path("/etc/netns") / namespace
@@ -137,9 +136,10 @@ class Hosts:
         wrapper.chmod(0o755)
 
     def _start_sshd(self):
-        if not Path("/run/sshd").exists():  # sshd's privilege separation directory
-            Path("/run/sshd").mkdir(mode=0o755)
-            self.created.append(("dir", "/run/sshd"))
+        # sshd's privilege separation directory, which it needs at every connection. Shared by every
+        # instance (and a system sshd), so never removed: an instance that created it and stopped took
+        # it from another instance still running, whose sshd then reset every connection.
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         for name in self.names:
             config = self.root / f"sshd_config.{name}"
             config.write_text(SSHD_CONFIG.format(root=self.root, address=self.addresses[name], name=name))
@@ -212,11 +212,6 @@ class Hosts:
                 subprocess.run(["ip", "netns", "del", what], timeout=10, capture_output=True)
             elif kind == "tree":
                 shutil.rmtree(what, ignore_errors=True)
-            elif kind == "dir":
-                try:
-                    Path(what).rmdir()
-                except OSError:
-                    pass
         shutil.rmtree(self.root, ignore_errors=True)
 
 
