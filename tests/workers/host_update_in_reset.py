@@ -22,7 +22,7 @@ from hvdtrain.liveness.watchdog import Watchdog
 
 def commits():
     """Commits of one component, built from its parts: a checkpointer and a context."""
-    ctx = SimpleNamespace(print0=print, watchdog=Watchdog(0, watch=False))
+    ctx = SimpleNamespace(print0=print, is_main=True, watchdog=Watchdog(0, watch=False))  # one process: rank 0
     checkpointer = SimpleNamespace(shared={"train_state": TrainState()}, per_rank={}, writer=BackgroundWriter())
     return Commits(checkpointer, ctx, 1)
 
