@@ -18,8 +18,12 @@ described in hvdtrain/data/bert_data.py (SHARD_FORMAT_DOC).
 """
 import atexit
 import math
+import os
 import shutil
+import threading
 import time
+import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hvdtrain.data import bert_corpus as corpus
@@ -27,7 +31,7 @@ from hvdtrain.data import bert_data
 from hvdtrain.data import bert_prepare as prepare
 from hvdtrain.cli import ArgumentParser, fraction, non_negative_int, positive_int, run_main
 from hvdtrain.errors import UsageError
-from hvdtrain.launch.mpi_world import World
+from hvdtrain.launch.mpi_world import World, launched_size
 from hvdtrain.runtime.outdir_lock import OutputDirLock
 
 DEFAULT_VOCAB_SIZE = 30522            # BERT's
@@ -135,16 +139,20 @@ def build_vocabulary(args, files):
     return corpus.train_wordpiece(texts, args.vocab_size, args.lowercase), args.lowercase
 
 
-def tokenize_my_files(args, files, world, tokenizer, scratch):
+def tokenize_my_files(args, files, world, tokenizer, scratch, early=None):
     """Pass 1: this rank's share of the input into its token store.
 
     Shares are equal byte ranges of the input files read as one stream (a rank
     takes the documents that start in its range), so one 20 GB file is tokenized
-    by every rank, not by one. Returns (documents stored, characters read).
+    by every rank, not by one. ``early``: an EarlyStart whose first batch is taken
+    over. Returns (documents stored, characters read).
     """
     writer = prepare.TokenStoreWriter(prepare.store_prefix(scratch, world.rank),
                                       prepare.token_dtype(len(tokenizer)))
-    characters = prepare.tokenize_sources([my_documents(files, world)], tokenizer, writer)
+    if early is not None:
+        characters = prepare.tokenize_sources([early.documents], tokenizer, writer, started=early.first)
+    else:
+        characters = prepare.tokenize_sources([my_documents(files, world)], tokenizer, writer)
     writer.close()
     return writer.documents, characters
 
@@ -159,6 +167,60 @@ def my_documents(files, world):
     return corpus.documents_in_byte_range(files, start, stop)
 
 
+EARLY_NOTE = " (the first batch tokenized while MPI started)"
+
+
+class EarlyStart:
+    """Under mpirun (Open MPI or MPICH) with --input and --vocab: this rank's first batch of
+    text tokenized while MPI starts (MPI_Init holds the GIL for about half a second, mostly
+    waiting; the Rust tokenizer needs no GIL). Rank, size and ranks per node come from the
+    launcher's environment; the batch is used only if they, the input files and the
+    vocabulary (rank 0's, sent to every rank) turn out to be those of the run, else dropped.
+    """
+
+    RANK_VARS, LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+
+    @classmethod
+    def begin(cls, args):
+        """The started batch, or None (not launched so, or anything unexpected: main() checks and says)."""
+        size, rank, local = launched_size(), cls._number(cls.RANK_VARS), cls._number(cls.LOCAL_SIZE_VARS)
+        if size <= 1 or rank is None or not local or args.vocab is None or not args.input:
+            return None
+        try:
+            return cls(args, rank, size, local)
+        except Exception:
+            return None
+
+    @staticmethod
+    def _number(names):
+        return next((int(os.environ[name]) for name in names if os.environ.get(name, "").isdigit()), None)
+
+    def __init__(self, args, rank, size, local):
+        self.rank, self.size = rank, size
+        self.files = check_inputs(args, types.SimpleNamespace(size=size))
+        prepare.divide_tokenizer_threads(local)  # before the tokenizer's first call, as main() would
+        loaded = corpus.WordPieceTokenizer.load(args.vocab, args.lowercase)
+        self.vocab = loaded.get_vocab(), bool(getattr(loaded, "do_lower_case", args.lowercase))
+        self.tokenizer = corpus.WordPieceTokenizer.from_vocab(*self.vocab)
+        self.documents = my_documents(self.files, self)
+        self.worker, submitted = ThreadPoolExecutor(1), threading.Event()
+        self.first = self.worker.submit(self._first_batch, submitted)
+        submitted.wait(60)  # the batch is in the tokenizer's hands (and the GIL free) before MPI starts
+
+    def _first_batch(self, submitted):
+        batch = prepare.first_batch(self.documents, self.tokenizer)
+        submitted.set()
+        return batch.encoded()
+
+    def taken(self, world, files, vocab):
+        """This start, if it is the run's (else None, its batch dropped); the worker thread goes either way."""
+        self.worker.shutdown(wait=False)
+        if (self.rank, self.size, self.files, self.vocab) != (world.rank, world.size, files, vocab):
+            self.first.cancel()
+            return None
+        return self
+
+
 def check_document_count(total):
     if total < 2:
         raise UsageError(f"the input holds {total} non-empty document(s); next-sentence prediction needs "
@@ -167,24 +229,27 @@ def check_document_count(total):
 
 def make_my_instances(args, world, tokenizer, scratch, counts, workers):
     """Pass 2: instances of this rank's contiguous range of the corpus's documents, the range
-    split among its worker processes. Returns [(rank, worker, instances made)] in corpus order."""
-    total = sum(counts)
-    mine = range(world.rank * total // world.size, (world.rank + 1) * total // world.size)
-    tasks = [(scratch, counts, prepare.token_dtype(len(tokenizer)), args, record_dtype(args),
-              corpus.SpecialIds.of(tokenizer), world.rank, worker, documents)
-             for worker, documents in enumerate(prepare.split_range(mine, workers))]
-    return prepare.run_in_workers(prepare.instances_in_worker, tasks, workers)
+    split among its worker processes, both by tokens (the work), written as spans of the token
+    store. Returns [(rank, worker, instances made)] in corpus order."""
+    dtype = prepare.token_dtype(len(tokenizer))
+    store = prepare.TokenStore(scratch, counts, dtype)
+    mine = prepare.split_by_tokens(store, range(sum(counts)), world.size)[world.rank]
+    shares = prepare.split_by_tokens(store, mine, workers)
+    del store
+    tasks = [(scratch, counts, dtype, args, corpus.SpecialIds.of(tokenizer), world.rank, worker, documents)
+             for worker, documents in enumerate(shares)]
+    return prepare.run_in_workers(prepare.spans_in_worker, tasks, workers)
 
 
 def record_dtype(args):
     return corpus.record_dtype(args.max_seq_length, args.max_predictions_per_seq, args.masking == "static")
 
 
-def write_my_shards(args, world, scratch, made, workers):
-    """Pass 3: shards rank, rank+size, ..., dealt among this rank's worker processes;
-    ``made`` is every worker's instance count. Returns the shards' metadata entries."""
-    mine = list(range(world.rank, args.num_shards, world.size))
-    tasks = [(mine[worker::workers], scratch, made, args, record_dtype(args)) for worker in range(workers)]
+def write_my_shards(args, world, tokenizer, scratch, counts, made, workers):
+    """Pass 3: shards rank, rank+size, ..., one task each, taken by this rank's worker processes as
+    they come free; ``made`` is every worker's instance count. Returns the shards' metadata entries."""
+    tasks = [([shard], scratch, made, args, record_dtype(args), corpus.SpecialIds.of(tokenizer), counts,
+              prepare.token_dtype(len(tokenizer))) for shard in range(world.rank, args.num_shards, world.size)]
     return [entry for part in prepare.run_in_workers(prepare.write_shards, tasks, workers) for entry in part]
 
 
@@ -221,58 +286,92 @@ def metadata(args, files, tokenizer, shards, world):
 
 def main(argv=None):
     args = parse_args(argv)
+    early = EarlyStart.begin(args)
     world = World()
-    start = time.time()
+    timer = PhaseTimer(world)
     threads = prepare.divide_tokenizer_threads(world.local_size())  # before the tokenizer's first call
     workers = args.workers or prepare.cpus_per_rank(world.local_size())  # processes for passes 2 and 3
     files = world.agree_on_errors(check_inputs, args, world)
     world.agree_on_errors(lock_output_dir, args, world)
 
     def rank0_vocabulary():
-        if not world.is_main:
-            return None
-        prepare.clear_output(args.output_dir)
-        return build_vocabulary(args, files)
+        try:
+            if not world.is_main:
+                return None
+            prepare.clear_output(args.output_dir)
+            return early.vocab if early is not None else build_vocabulary(args, files)
+        finally:
+            settle(world)  # the other ranks wait without spinning while rank 0 trains or loads it
 
     # The vocabulary is made once, on rank 0, and sent to every rank.
     vocab, lowercase = world.broadcast(world.agree_on_errors(rank0_vocabulary))
-    tokenizer = corpus.WordPieceTokenizer.from_vocab(vocab, lowercase)
+    early = early and early.taken(world, files, (vocab, lowercase))
+    tokenizer = early.tokenizer if early is not None else corpus.WordPieceTokenizer.from_vocab(vocab, lowercase)
     if world.is_main:
         corpus.save_tokenizer(tokenizer, args.output_dir / bert_data.TOKENIZER_DIR)
         world.print0(f"vocabulary: {len(tokenizer)} tokens ({'uncased' if lowercase else 'cased'}); "
-                     f"tokenizer threads per rank: {threads}; processes per rank for instances and shards: {workers}")
+                     f"tokenizer threads per rank: {threads}{EARLY_NOTE if early is not None else ''}; "
+                     f"processes per rank for instances and shards: {workers}")
 
     scratch = args.output_dir / prepare.SCRATCH_DIR
     if world.is_main:
         scratch.mkdir()
     world.barrier()
-    timer = PhaseTimer(world)
-    stored = world.allgather(tokenize_my_files(args, files, world, tokenizer, scratch))
+    timer.done("set-up")
+    mine = tokenize_my_files(args, files, world, tokenizer, scratch, early)
+    settle(world)
+    stored = world.allgather(mine)
     counts = [documents for documents, _ in stored]
     world.agree_on_errors(check_document_count, sum(counts))
     timer.done("tokenize", sum(characters for _, characters in stored))
-    made = [m for part in world.allgather(make_my_instances(args, world, tokenizer, scratch, counts, workers))
-            for m in part]
+    mine = make_my_instances(args, world, tokenizer, scratch, counts, workers)
+    settle(world)
+    made = [m for part in world.allgather(mine) for m in part]
     timer.done("instances")
-    shards = [s for part in world.allgather(write_my_shards(args, world, scratch, made, workers)) for s in part]
+    mine = write_my_shards(args, world, tokenizer, scratch, counts, made, workers)
+    settle(world)
+    shards = [s for part in world.allgather(mine) for s in part]
     timer.done("shards")
     if world.is_main:
         shutil.rmtree(scratch)
         info = metadata(args, files, tokenizer, shards, world)
         bert_data.write_metadata(args.output_dir, info)
+        timer.done("metadata")
         print(f"wrote {info['num_instances']} instances (seq {args.max_seq_length}, {args.masking} masking) "
               f"in {len(shards)} shards to {args.output_dir} on {world.size} rank(s) "
-              f"in {time.time() - start:.1f} s ({timer.summary()}; documents tokenized per rank: "
+              f"in {timer.total():.2f} s ({timer.summary()}; documents tokenized per rank: "
               f"{' '.join(map(str, counts))})", flush=True)
-    world.barrier()
+    settle(world)
+
+
+def settle(world, interval=0.002):
+    """A barrier that waits without spinning: Open MPI's blocking collectives poll, and a
+    rank done early would take a core from the ranks still working on a node whose cores
+    they share. Called before each collective that follows unequal work."""
+    if world.comm is not None:
+        request = world.comm.Ibarrier()
+        while not request.Test():
+            time.sleep(interval)
+
+
+def process_age():
+    """Seconds since this process started (Linux; 0 elsewhere): its interpreter's start-up and imports."""
+    try:
+        with open("/proc/self/stat") as handle:
+            started = int(handle.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
 
 
 class PhaseTimer:
-    """Seconds per pass and the input rate: the figures the README quotes. Not collective: main()
-    marks each pass after an allgather, which no rank leaves before every rank has finished the pass."""
+    """Seconds per stage (rank 0's clock, from its process's start) and the input rate: the figures
+    the README quotes. Not collective: main() marks each pass after an allgather, which no rank
+    leaves before every rank has finished the pass."""
 
     def __init__(self, world):
-        self.world, self.last, self.seconds, self.characters = world, time.time(), {}, 0
+        self.world, self.last, self.characters = world, time.time(), 0
+        self.seconds = {"start-up": process_age()}
 
     def done(self, phase, characters=None):
         now = time.time()
@@ -280,12 +379,15 @@ class PhaseTimer:
         if characters is not None:
             self.characters = characters
 
+    def total(self):
+        return sum(self.seconds.values())
+
     def summary(self):
-        total = sum(self.seconds.values())
         megabytes = self.characters / 1e6
-        phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
+        passes = sum(self.seconds.get(name, 0.0) for name in ("tokenize", "instances", "shards"))
+        phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.seconds.items())
         return (f"{megabytes:.1f} M characters; {phases}; "
-                f"{megabytes / total / self.world.size:.2f} MB/s per rank after the vocabulary")
+                f"{megabytes / passes / self.world.size:.2f} MB/s per rank after the vocabulary")
 
 
 if __name__ == "__main__":

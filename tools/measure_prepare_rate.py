@@ -1,110 +1,50 @@
 #!/usr/bin/env python
-"""BERT data preparation against its tokenizer alone, on the same input, in one run.
+"""prepare_bert_data.py as a whole process against its tokenizer alone, on the same text, interleaved.
 
-    python tools/measure_prepare_rate.py --megabytes 12                 # the embedded corpus repeated
-    python tools/measure_prepare_rate.py --input /tmp/corpus --masking static
+    python tools/make_bench_corpus.py --megabytes 50 --files 4 --output /tmp/bench50
+    python tools/measure_prepare_rate.py --input /tmp/bench50 --vocab VOCAB --ranks 1 3 --rounds 5
 
-(a) the tokenizer alone: ``encode_batch_fast`` over the lines the preparation
-tokenizes, in batches of the preparation's size, with the tokenizer's own threads;
-(b) prepare_bert_data.py end to end (its main(), in this process, the vocabulary
-given with --vocab); (c) where (b) spends its time, from timers wrapped around the
-preparation's functions (time inside a nested timed function counts once, for it).
-The tokenizer's call runs in a
-thread beside the preparation's own (it releases the GIL): (c) counts this
-thread's time waiting for it; passes 2 and 3 in worker processes (more than one CPU per
-rank) count as the time waited for them (--workers 1 splits them by function). Prints the rates by input bytes and the fraction (b)/(a). Other options are passed
-to prepare_bert_data.py (default here: --dupe-factor 1).
+Each round runs, for each --ranks N, a pair: (a) the tokenizer alone, a process that reads
+the input's lines (untimed) and times ``encode_batch_fast`` over them in batches of --batch
+lines with the tokenizer's own threads on every CPU; then at once (b) the whole preparation
+as a user runs it, ``python scripts/prepare_bert_data.py --input ... --vocab VOCAB
+--output-dir OUT`` (under ``mpirun --oversubscribe -np N`` for N > 1), timed from its launch
+to its exit: interpreter start-up, imports, every pass, the collectives between them, the
+metadata and the exit. Rates are input bytes per second; a pair's fraction is (a)'s time
+over (b)'s, and the medians of the pairs are reported (the pairs of a round take turns going
+first). Other options are passed to the preparation (default: the script's own, e.g.
+--dupe-factor 5).
+
+On a shared machine: before each pair the tool waits (up to PATIENCE s) until the rest of the
+machine has used under QUIET of a core for SETTLED s, and a pair is quiet when it stayed so
+during both (a) and (b) (CPU-seconds from /proc/stat, less the pair's own). Rounds go on until
+each run has --rounds quiet pairs (at most 3 x --rounds rounds); the medians are given over
+every pair and over the quiet ones.
+
+Also per pair: CPU-seconds of (b)'s process tree (from the children's rusage), and the
+preparation's own stage times (the stages its last line names, rank 0's wall clock;
+"launch and exit" is the rest of (b): the launcher, the interpreter's start and exit).
+Every run's shards must be byte for byte those of the first (metadata sha256): checked.
+--compare times other copies of the script (e.g. an earlier checkout's) beside this one:
+(b) runs for each in each round.
 """
 import argparse
-import collections
-import functools
-import inspect
+import json
 import os
+import re
 import resource
+import shutil
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import prepare_bert_data
 from hvdtrain.data import bert_corpus as corpus
-from hvdtrain.data import bert_data
-from hvdtrain.data import bert_prepare as prepare
 
-try:
-    from hvdtrain.data import bert_instances as instances
-except ImportError:  # a version without it: its functions are skipped
-    instances = None
-
-# (c): (category, object, attribute) of the functions timed; names a version lacks are skipped, so
-# that the same table times earlier versions of the preparation too.
-TIMED = [
-    ("read and split lines", corpus, "read_documents"),
-    ("read and split lines", prepare, "batches"),
-    ("tokenizer (the Rust call, waited for)", prepare, "tokenize_sources"),
-    ("tokenizer (the Rust call, waited for)", corpus, "tokenize_documents"),
-    ("token ids to the store", prepare, "store_batch"),
-    ("token ids to the store", prepare.TokenStoreWriter, "add"),
-    ("token store reads", prepare.TokenStore, "document"),
-    ("token store reads", prepare.TokenStore, "document_arrays"),
-    ("token store reads", prepare.TokenStore, "random_segment"),
-    ("token store reads", prepare.TokenStore, "random_segment_array"),
-    ("instances", corpus, "instances_from_document"),
-    ("instances", instances, "document_instances"),
-    ("masking", corpus, "mask_instance"),
-    ("masking", prepare, "mask_rows"),
-    ("records to shard parts", prepare.ShardParts, "flush"),
-    ("records to shard parts", prepare.ShardParts, "add_rows"),
-    ("records to shard parts", getattr(instances, "RecordBuilder", None), "take"),
-    ("shard shuffle", prepare, "shard_records"),
-    ("shard shuffle", prepare, "sort_by_bin"),
-    ("shard write (HDF5 gzip, sha256)", bert_data, "write_shard"),
-    # Passes 2 and 3 in forked worker processes: the functions above run there, uncounted here.
-    ("passes 2-3 in worker processes, waited for", prepare, "run_in_workers"),
-]
-
-
-class Breakdown:
-    """Exclusive wall time per category of the wrapped functions."""
-
-    def __init__(self):
-        self.seconds, self.stack = collections.Counter(), []
-
-    def enter(self, category):
-        self.stack.append([category, time.perf_counter(), 0.0])
-
-    def leave(self):
-        category, start, inner = self.stack.pop()
-        elapsed = time.perf_counter() - start
-        self.seconds[category] += elapsed - inner
-        if self.stack:
-            self.stack[-1][2] += elapsed
-
-    def wrap(self, owner, name, category):
-        original = getattr(owner, name, None) if owner is not None else None
-        if original is None:
-            return
-        if inspect.isgeneratorfunction(original):
-            @functools.wraps(original)
-            def timed(*args, **kwargs):
-                iterator = original(*args, **kwargs)
-                while True:
-                    self.enter(category)
-                    try:
-                        item = next(iterator)
-                    except StopIteration:
-                        return
-                    finally:
-                        self.leave()
-                    yield item
-        else:
-            @functools.wraps(original)
-            def timed(*args, **kwargs):
-                self.enter(category)
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    self.leave()
-        setattr(owner, name, timed)
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "prepare_bert_data.py"
+STAGE = re.compile(r"([a-z][a-z0-9 -]*?) (\d+(?:\.\d+)?) s\b")
 
 
 def repeated_corpus(directory, megabytes, files):
@@ -124,77 +64,188 @@ def make_vocabulary(directory, vocab_size):
     sentences = (s for d in corpus.default_corpus_documents() for s in d)
     tokenizer = corpus.WordPieceTokenizer.from_vocab(corpus.train_wordpiece(sentences, vocab_size, True), True)
     corpus.save_tokenizer(tokenizer, Path(directory) / "tokenizer")
-    return Path(directory) / "tokenizer", tokenizer
+    return Path(directory) / "tokenizer"
 
 
-def tokenizer_alone(paths, tokenizer, batch):
-    """Seconds of encode_batch_fast alone over every line of ``paths`` (read beforehand)."""
+def tokenizer_alone(vocab, paths, batch):
+    """(a), run in its own process: seconds and CPU-seconds of encode_batch_fast over every line."""
+    tokenizer = corpus.WordPieceTokenizer.load(vocab, True)
     lines = [s for path in paths for d in corpus.read_documents(path) for s in d]
-    backend, seconds = tokenizer.backend_tokenizer, 0.0
+    backend, seconds, cpu = tokenizer.backend_tokenizer, 0.0, 0.0
     for first in range(0, len(lines), batch):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         backend.encode_batch_fast(lines[first:first + batch], add_special_tokens=False)
         seconds += time.perf_counter() - start
-    return seconds
+        cpu += time.process_time() - start_cpu
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "lines": len(lines)}))
 
 
-def timed_preparation(breakdown, command):
-    """Seconds of prepare_bert_data.py's main() on ``command``, its functions timed into ``breakdown``."""
-    originals = [(owner, name, getattr(owner, name)) for _, owner, name in TIMED
-                 if owner is not None and hasattr(owner, name)]
-    for category, owner, name in TIMED:
-        breakdown.wrap(owner, name, category)
-    start = time.perf_counter()
+def busy_cpu_seconds():
+    """CPU-seconds the machine's CPUs have spent busy since boot (/proc/stat: user, nice, system,
+    irq, softirq; not idle, iowait, nor the hypervisor's steal), or None."""
     try:
-        prepare_bert_data.main(command)
-    finally:
-        for owner, name, original in originals:
-            setattr(owner, name, original)
-    return time.perf_counter() - start
+        with open("/proc/stat") as handle:
+            fields = [int(x) for x in handle.readline().split()[1:8]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = fields
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(command, env):
+    """Run ``command``; (wall seconds, CPU-seconds of its process tree, others' CPU-seconds, output)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy = busy_cpu_seconds()
+    start = time.perf_counter()
+    run = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    others = None if busy is None else max(0.0, busy_cpu_seconds() - busy - cpu)
+    if run.returncode:
+        sys.exit(f"failed ({run.returncode}): {' '.join(map(str, command))}\n{run.stdout}")
+    return wall, cpu, others, run.stdout
+
+
+def stages(output):
+    """The stage times of the preparation's summary line (between its parentheses), by name."""
+    line = next((line for line in output.splitlines() if line.startswith("wrote ")), "")
+    found = {}
+    for name, seconds in STAGE.findall(line[line.find("("):]):
+        found[name.strip()] = float(seconds)
+    return found
+
+
+QUIET = 0.1  # cores the rest of the machine may use for a round to count as quiet
+SETTLED = 5  # seconds of quiet awaited before each pair ...
+PATIENCE = 900  # ... at most: then the pair runs anyway (and is not a quiet one)
+
+
+def wait_for_quiet(seconds=SETTLED, patience=PATIENCE):
+    """Wait (up to ``patience`` s) until the machine has been quiet for ``seconds``: a shared
+    machine's bursts of load would otherwise land in one side of a pair."""
+    deadline, window = time.monotonic() + patience, []
+    while time.monotonic() < deadline:
+        busy = busy_cpu_seconds()
+        if busy is None:
+            return
+        window = [*window[-seconds:], busy]
+        if len(window) > seconds and (window[-1] - window[0]) / seconds < QUIET:
+            return
+        time.sleep(1)
+
+
+class Run:
+    def __init__(self, seconds, cpu, others, wall, found):
+        self.seconds, self.cpu, self.others, self.wall, self.stages = seconds, cpu, others, wall, found
+
+    def others_load(self):
+        """Cores the rest of the machine used meanwhile, on average."""
+        return (self.others or 0.0) / self.wall
+
+
+def quiet(pair):
+    """Whether the rest of the machine stayed (nearly) idle during both sides of a pair."""
+    return all(run.others_load() < QUIET for run in pair)
+
+
+def shard_digests(directory):
+    return [(s["file"], s["sha256"]) for s in json.loads((directory / "metadata.json").read_text())["shards"]]
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", nargs="+", type=Path, help="text files (default: the embedded corpus repeated)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--input", nargs="+", type=Path, help="text files or directories (default: the embedded "
+                                                                "corpus repeated, --megabytes)")
     parser.add_argument("--megabytes", type=float, default=12, help="size of the repeated embedded corpus")
     parser.add_argument("--files", type=int, default=1, help="files the repeated corpus is written to")
-    parser.add_argument("--vocab-size", type=int, default=4000, help="vocabulary trained on the embedded corpus")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of (a) and (b), alternated; the best is shown")
+    parser.add_argument("--vocab", type=Path, help="the vocabulary (a tokenizer directory or vocab.txt; default: "
+                                                   "one of --vocab-size trained on the embedded corpus)")
+    parser.add_argument("--vocab-size", type=int, default=4000, help="the trained vocabulary's size (without --vocab)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1], help="(b) with these numbers of ranks "
+                                                                          "(N > 1: mpirun --oversubscribe -np N)")
+    parser.add_argument("--rounds", "--repeat", type=int, default=5,
+                        help="quiet pairs of (a) and (b) wanted for each run (at most 3 x this many rounds)")
+    parser.add_argument("--batch", type=int, default=20_000, help="lines per encode_batch_fast call in (a)")
+    parser.add_argument("--compare", type=Path, nargs="+", default=[], metavar="SCRIPT",
+                        help="other copies of prepare_bert_data.py (e.g. an earlier checkout's) timed in each "
+                             "round too, after this checkout's")
+    parser.add_argument("--work", type=Path, help="scratch directory (default: a new one in /tmp, removed)")
+    parser.add_argument("--tokenizer-alone", nargs=2, metavar=("VOCAB", "BATCH"), help=argparse.SUPPRESS)
     args, passed = parser.parse_known_args()
-    if "--dupe-factor" not in passed:
-        passed += ["--dupe-factor", "1"]
-    work = Path(tempfile.mkdtemp(prefix="prepare-rate-"))
+    if args.tokenizer_alone:
+        return tokenizer_alone(args.tokenizer_alone[0], [Path(p) for p in passed], int(args.tokenizer_alone[1]))
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="prepare-rate-"))
+    work.mkdir(parents=True, exist_ok=True)
     paths = corpus.input_files(args.input) if args.input else repeated_corpus(work, args.megabytes, args.files)
     size = sum(p.stat().st_size for p in paths) / 1e6
-    vocab, tokenizer = make_vocabulary(work, args.vocab_size)
-    batch = getattr(prepare, "TOKENIZE_BATCH", getattr(prepare, "TOKENIZE_CHUNK", 20_000))
-    threads = os.environ.get("RAYON_NUM_THREADS", f"rayon default, {os.cpu_count()} CPUs")
-    print(f"input: {size:.1f} MB in {len(paths)} file(s); vocabulary {len(tokenizer)}; "
-          f"tokenizer threads: {threads}; load average {os.getloadavg()[0]:.1f}", flush=True)
+    vocab = args.vocab or make_vocabulary(work, args.vocab_size)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    alone_command = [sys.executable, __file__, "--tokenizer-alone", str(vocab), str(args.batch), *map(str, paths)]
+    runs = [(script, ranks) for script in [SCRIPT, *args.compare] for ranks in args.ranks]
+    lscpu = subprocess.run(["lscpu"], stdout=subprocess.PIPE, text=True).stdout
+    model = re.search(r"Model name:\s*(.*)", lscpu)
+    print(f"input: {size:.1f} MB in {len(paths)} file(s); vocabulary {vocab}; prepare options: "
+          f"{' '.join(passed) or '(defaults)'}; {os.cpu_count()} CPUs ({model.group(1) if model else '?'}); "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
 
-    breakdowns, command = [], ["--input", *map(str, paths), "--vocab", str(vocab), *passed]
-    alone, whole = [], []
-    for repeat in range(args.repeat):  # alternated, so that both see the same load
-        alone.append(tokenizer_alone(paths, tokenizer, batch))
-        breakdowns.append(Breakdown())
-        whole.append(timed_preparation(breakdowns[-1], [*command, "--output-dir", str(work / f"out{repeat}")]))
-    pairs = sorted(a / b for a, b in zip(alone, whole))  # each (a) with the (b) run right after it
-    best = min(range(args.repeat), key=whole.__getitem__)
-    alone, whole, breakdown = min(alone), whole[best], breakdowns[best]
-    print(f"(a) tokenizer alone: {alone:.2f} s, {size / alone:.2f} MB/s (batches of {batch} lines; "
-          f"the best of {args.repeat})")
-    print(f"(b) whole preparation: {whole:.2f} s, {size / whole:.2f} MB/s (the best of {args.repeat}: "
-          f"prepare_bert_data.py {' '.join(command)} --output-dir OUT)")
-    print("(c) where it goes:")
-    other = whole - sum(breakdown.seconds.values())
-    for category, seconds in [*breakdown.seconds.most_common(), ("other (vocabulary, metadata, glue)", other)]:
-        print(f"    {category:48s} {seconds:6.2f} s  {100 * seconds / whole:5.1f}%")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest worker process
-    print(f"fraction (b)/(a): {alone / whole:.2f} by the best times; run by run "
-          f"{' '.join(f'{pair:.2f}' for pair in pairs)}, median {pairs[len(pairs) // 2]:.2f}")
-    print(f"peak RSS of this process {peak:.0f} MiB, of its largest worker process {worker:.0f} MiB; "
-          f"load average {os.getloadavg()[0]:.1f}; input, vocabulary and shards in {work}")
+    pairs, digests = {run: [] for run in runs}, None
+    round_index = 0
+    # Rounds until each run has --rounds quiet pairs (at most 3 x --rounds rounds).
+    while round_index < 3 * args.rounds and min(sum(quiet(pair) for pair in done) for done in pairs.values()) \
+            < args.rounds:
+        for script, ranks in runs[round_index % len(runs):] + runs[:round_index % len(runs)]:  # each first in turn
+            if sum(quiet(pair) for pair in pairs[(script, ranks)]) >= args.rounds:
+                continue
+            wait_for_quiet()
+            seconds, cpu, others, output = timed(alone_command, env)
+            result = json.loads(output.splitlines()[-1])
+            alone = Run(result["seconds"], result["cpu"], others, seconds, {})
+            out = work / "out"
+            shutil.rmtree(out, ignore_errors=True)
+            launcher = ["mpirun", "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
+            command = [*launcher, sys.executable, str(script), "--input", *map(str, paths), "--vocab", str(vocab),
+                       "--output-dir", str(out), *passed]
+            seconds, cpu, others, output = timed(command, env)
+            digests = digests or shard_digests(out)
+            if shard_digests(out) != digests:
+                sys.exit(f"the shards differ from the first run's: {' '.join(command)}")
+            whole = Run(seconds, cpu, others, seconds, stages(output))
+            pairs[(script, ranks)].append((alone, whole))
+            print(f"{time.strftime('%H:%M:%S')} round {round_index + 1}, {ranks} rank(s) {script}: "
+                  f"(a) {alone.seconds:.2f} s {size / alone.seconds:.2f} MB/s, others {alone.others_load():.2f} cores; "
+                  f"(b) {whole.seconds:.2f} s {size / whole.seconds:.2f} MB/s, {whole.cpu:.1f} CPU-s, others "
+                  f"{whole.others_load():.2f} cores; fraction {alone.seconds / whole.seconds:.3f}"
+                  f"{' (quiet)' if quiet((alone, whole)) else ''}; "
+                  f"{', '.join(f'{k} {v:g} s' for k, v in whole.stages.items())}", flush=True)
+        round_index += 1
+
+    print(f"\n(a): encode_batch_fast alone, batches of {args.batch} lines, on every CPU; (b): the whole process. "
+          f"Quiet: the rest of the machine used under {QUIET} of a core during both (a) and (b).")
+    for (script, ranks), results in pairs.items():
+        print(f"{ranks} rank(s), {script}:")
+        for name, chosen in (("all rounds", results), ("quiet rounds", [pair for pair in results if quiet(pair)])):
+            if not chosen:
+                print(f"    {name}: none")
+                continue
+            a, b = median([r[0].seconds for r in chosen]), median([r[1].seconds for r in chosen])
+            fractions = [x.seconds / y.seconds for x, y in chosen]
+            print(f"    {name} ({len(chosen)}): (a) median {size / a:.2f} MB/s, (b) median {size / b:.2f} MB/s "
+                  f"({median([r[1].cpu for r in chosen]):.1f} CPU-s); fraction (a)/(b) median "
+                  f"{median(fractions):.3f} (rounds: {' '.join(f'{f:.3f}' for f in fractions)})")
+            names = [n for n in dict.fromkeys(k for r in chosen for k in r[1].stages) if n != "in"]
+            parts = [f"{n} {median([r[1].stages.get(n, 0.0) for r in chosen]):.2f}" for n in names]
+            if all("in" in r[1].stages for r in chosen):  # the script's own total (since its process started)
+                parts.append(f"launch and exit {median([r[1].seconds - r[1].stages['in'] for r in chosen]):.2f}")
+            print(f"      stages of (b) (rank 0's clock), medians in s: {', '.join(parts) or 'none printed'}")
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,16 @@ random draws in the same order, so they give the same instances, but a document
 is one flat token array with its sentence ends: a segment is a slice (a view),
 a chunk's end is found by bisection instead of a loop over sentences, and the
 rows of many instances are filled by one vectorised numpy step (RecordBuilder).
+
+The preparation's own loop goes further (``document_spans``, ``SpanBuilder``): an instance
+is two spans of the token store, (source, start, stop) integers, so the loop creates no
+array at all, and the rows are gathered from the store in one step per flush.
+``uniform_below`` makes random.Random's integer draws (randint, randrange) without its
+Python-level call chain: the same numbers from the same generator.
 """
 import bisect
+import itertools
+import random
 
 import numpy as np
 
@@ -131,11 +139,217 @@ class RecordBuilder:
         records["input_ids"] = ids
 
     def _apply_masks(self, records, ids):
-        """Static masking: the drawn ids written into the rows, positions and originals recorded."""
-        counts = np.fromiter((len(positions) for positions, _, _ in self.masks), np.int64, len(self.masks))
-        rows = np.repeat(np.arange(len(self.masks)), counts)
-        slots = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-        positions = np.fromiter((p for m in self.masks for p in m[0]), np.int64, len(rows))
-        records["masked_lm_positions"][rows, slots] = positions
-        records["masked_lm_ids"][rows, slots] = np.fromiter((i for m in self.masks for i in m[1]), np.int64, len(rows))
-        ids[rows, positions] = np.fromiter((i for m in self.masks for i in m[2]), np.int64, len(rows))
+        apply_masks(self.masks, records, ids)
+
+
+def apply_masks(masks, records, ids):
+    """Static masking: the drawn ids written into the rows (``ids``, the input_ids to be), the
+    positions and original ids recorded; ``masks``: mask_draws of each row."""
+    counts = np.fromiter((len(positions) for positions, _, _ in masks), np.int64, len(masks))
+    rows = np.repeat(np.arange(len(masks)), counts)
+    slots = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    positions = np.fromiter((p for m in masks for p in m[0]), np.int64, len(rows))
+    records["masked_lm_positions"][rows, slots] = positions
+    records["masked_lm_ids"][rows, slots] = np.fromiter((i for m in masks for i in m[1]), np.int64, len(rows))
+    ids[rows, positions] = np.fromiter((i for m in masks for i in m[2]), np.int64, len(rows))
+
+
+# ----------------------------------------------------------------------------- spans (the preparation's loop)
+
+def _below_of(rng):
+    """``below(n)``: rng.randrange(n), so rng.randint(a, b) == a + below(b - a + 1), from rng.getrandbits
+    as random.Random._randbelow_with_getrandbits draws it (n >= 1)."""
+    getrandbits = rng.getrandbits
+
+    def below(n):
+        if n <= 0:
+            raise ValueError(f"empty range for randrange({n})")
+        bits = n.bit_length()
+        draw = getrandbits(bits)
+        while draw >= n:
+            draw = getrandbits(bits)
+        return draw
+    return below
+
+
+def _randrange_of(rng):
+    return rng.randrange
+
+
+def _same_draws(make_below):
+    """Whether ``make_below(rng)`` draws what randint and randrange draw, on this Python."""
+    for seed in ("12345:0:0", "7:31:4", 3):
+        reference, mine = random.Random(seed), random.Random(seed)
+        below = make_below(mine)
+        for n in (1, 2, 3, 5, 7, 64, 100, 125, 1000, 2 ** 31 + 11, 2 ** 40 + 3):
+            if reference.randint(0, n - 1) != below(n) or reference.randrange(n) != below(n):
+                return False
+            if reference.random() != mine.random():
+                return False
+    return True
+
+
+# random.Random's own methods where its algorithm ever differs from the one copied above.
+uniform_below = _below_of if _same_draws(_below_of) else _randrange_of
+
+
+def document_spans(source, ends, max_seq_length, short_seq_prob, rng, below, random_span):
+    """document_instances on the token store's offsets: the same draws, no arrays.
+
+    The document's sentences end at ``ends`` (a list: its first token's offset, then each
+    sentence's end) in token array ``source`` of the store; ``below`` is uniform_below(rng);
+    ``random_span(rng, below, target_length)`` returns a "random next" segment as
+    (source, start, stop). Returns [(source, a0, a1, b source, b0, b1, is_random_next)].
+    """
+    max_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP]
+    random_draw = rng.random
+    target_length = 2 + below(max_tokens - 1) if random_draw() < short_seq_prob else max_tokens
+    count, made, start = len(ends) - 1, [], 0
+    half_up, half_down = (max_tokens + 1) // 2, max_tokens // 2
+    getrandbits = rng.getrandbits
+    while start < count:
+        a0 = ends[start]
+        # The chunk: sentences from ``start`` until target_length tokens or the document's end.
+        stop = bisect.bisect_left(ends, a0 + target_length, start + 1)
+        if stop > count:
+            stop = count
+        size = stop - start
+        a_end = start + (1 + below(size - 1) if size >= 2 else 1)
+        a1 = ends[a_end]
+        if size == 1 or random_draw() < 0.5:
+            b_source, b0, b1 = random_span(rng, below, target_length - (a1 - a0))
+            is_random_next = 1
+            start = a_end  # the unused sentences go back into the pool
+        else:
+            b_source, b0, b1 = source, a1, ends[stop]
+            is_random_next = 0
+            start = stop
+        a_length, b_length = a1 - a0, b1 - b0
+        excess = a_length + b_length - max_tokens
+        if excess > 0:  # truncate_pair: the same lengths, the same draws
+            if excess <= abs(a_length - b_length):  # only the longer one shrinks
+                if a_length > b_length:
+                    keep_a, keep_b = a_length - excess, b_length
+                else:
+                    keep_a, keep_b = a_length, b_length - excess
+            else:  # both shrink to about half, A keeping the odd token
+                keep_a, keep_b = half_up, half_down
+            cut = a_length - keep_a
+            if cut:
+                a0 += getrandbits(cut).bit_count()
+            a1 = a0 + keep_a
+            cut = b_length - keep_b
+            if cut:
+                b0 += getrandbits(cut).bit_count()
+            b1 = b0 + keep_b
+        if a1 > a0 and b1 > b0:
+            made.append((source, a0, a1, b_source, b0, b1, is_random_next))
+    return made
+
+
+def concatenated_ranges(starts, lengths):
+    """np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)]), in one step."""
+    total = int(lengths.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
+
+
+SPAN_FIELDS = 7  # a row of document_spans: source, a0, a1, b source, b0, b1, is_random_next
+
+
+def flat_masks(masks):
+    """mask_draws' results, one per instance, as flat arrays: (counts, positions, originals, written)."""
+    counts = np.fromiter((len(positions) for positions, _, _ in masks), np.int64, len(masks))
+    total = int(counts.sum())
+    return (counts, *(np.fromiter((value for m in masks for value in m[part]), np.int64, total)
+                      for part in range(3)))
+
+
+def fill_rows(spans, sources, ids, columns, masks=None):
+    """The shard rows of instances ``spans`` (an int64 array, a document_spans row each) written
+    into ``columns``: arrays (or views) by the shard format's names, one row per instance. The
+    tokens are gathered from the store's token arrays ``sources`` (by an instance's source
+    numbers), all at once. ``masks``: static masking's flat_masks for these instances.
+
+    The rows are those of bert_corpus.instances_to_records: [CLS] a [SEP] b [SEP], segment
+    ids 0 then 1 from b on, input mask 1 over the tokens, 0-padded.
+    """
+    input_ids = columns["input_ids"]
+    count, width = input_ids.shape
+    a_length, b_length = spans[:, 2] - spans[:, 1], spans[:, 5] - spans[:, 4]
+    total = a_length + b_length + 3
+    row_start = np.cumsum(total) - total
+    flat = np.empty(int(total.sum()), np.int32)  # the rows' tokens, end to end
+    flat[row_start] = ids.cls
+    flat[row_start + a_length + 1] = ids.sep
+    flat[row_start + total - 1] = ids.sep
+    # Segment k: a of instance k (k < count), else b of instance k - count.
+    origins = np.concatenate((spans[:, 0], spans[:, 3]))
+    starts = np.concatenate((spans[:, 1], spans[:, 4]))
+    lengths = np.concatenate((a_length, b_length))
+    targets = np.concatenate((row_start + 1, row_start + a_length + 2))
+    if count and origins.min() == origins.max():
+        groups = [np.arange(len(origins))]
+    else:
+        order = np.argsort(origins, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(origins[order])) + 1) if count else []
+    for group in groups:
+        tokens = sources[int(origins[group[0]])]
+        flat[concatenated_ranges(targets[group], lengths[group])] = \
+            tokens[concatenated_ranges(starts[group], lengths[group])]
+    position = np.arange(width)
+    mask = position < total[:, None]
+    input_ids[...] = 0
+    input_ids[mask] = flat
+    columns["segment_ids"][...] = mask & (position >= (a_length + 2)[:, None])
+    columns["input_mask"][...] = mask
+    columns["next_sentence_labels"][...] = spans[:, 6]
+    if masks is not None:
+        apply_flat_masks(*masks, columns, input_ids)
+
+
+def apply_flat_masks(counts, positions, originals, written, columns, input_ids):
+    """Static masking (flat_masks) into ``columns``: the drawn ids written into ``input_ids``, the
+    positions and original ids recorded (0-padded)."""
+    rows = np.repeat(np.arange(len(counts)), counts)
+    slots = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    for name, values in (("masked_lm_positions", positions), ("masked_lm_ids", originals)):
+        columns[name][...] = 0
+        columns[name][rows, slots] = values
+    input_ids[rows, positions] = written
+
+
+class SpanBuilder:
+    """RecordBuilder for document_spans' instances: the rows gathered from the store's token
+    arrays ``sources`` (indexed by an instance's source numbers) once per take (fill_rows)."""
+
+    def __init__(self, dtype, ids, sources):
+        self.dtype, self.ids, self.sources = dtype, ids, sources
+        self.spans, self.masks = [], []
+
+    def __len__(self):
+        return len(self.spans)
+
+    def add(self, made, masks=None):
+        """``made`` from document_spans; ``masks`` from mask_draws, one per instance (static)."""
+        self.spans += made
+        if masks:
+            self.masks += masks
+
+    def take(self):
+        """The records of the instances added since the last take, in order."""
+        records = np.zeros(len(self.spans), dtype=self.dtype)
+        if len(records):
+            spans = np.fromiter(itertools.chain.from_iterable(self.spans), np.int64, SPAN_FIELDS * len(records))
+            fill_rows(spans.reshape(-1, SPAN_FIELDS), self.sources, self.ids,
+                      {name: records[name] for name in self.dtype.names},
+                      flat_masks(self.masks) if self.masks else None)
+        self.spans, self.masks = [], []
+        return records
+
+
+def span_segments(sources, span):
+    """The two segments of one document_spans instance, as arrays (views of the store)."""
+    source, a0, a1, b_source, b0, b1, _ = span
+    return sources[source][a0:a1], sources[b_source][b0:b1]

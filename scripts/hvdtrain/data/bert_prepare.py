@@ -3,35 +3,40 @@
 scripts/prepare_bert_data.py runs three passes, each rank on its share:
 
 1. tokenize: each rank tokenizes the documents that start in its equal byte
-   range of the input (the files read as one stream) into a token store (three flat files in a scratch directory beside the shards).
-   Documents are then numbered across the whole corpus, in input order.
-2. instances: each rank makes the instances of a contiguous range of documents;
-   a "random next" segment is read from any rank's store (``TokenStore``), so it
-   comes from another document of the whole corpus. The instances of document d
-   in round k depend only on (seed, d, k) and the corpus. Numbered in (document,
-   round, instance) order across the corpus, instance i goes to shard i mod
-   num_shards: shards are within one instance of each other. Each rank appends
-   its instances to one scratch file per shard as it makes them.
-3. shards: shard s is the concatenation of every rank's part for s (in rank
-   order, so in corpus order), shuffled with a generator seeded by (seed, s).
+   range of the input (the files read as one stream) into a token store (three
+   flat files in a scratch directory beside the shards). Documents are then
+   numbered across the whole corpus, in input order.
+2. instances: each rank makes the instances of a contiguous range of documents
+   (ranges of about equal tokens); a "random next" segment is read from any
+   rank's store (``TokenStore``, memory-mapped), so it comes from another document
+   of the whole corpus. The instances of document d in round k depend only on
+   (seed, d, k) and the corpus. An instance is written as two spans of the store
+   (``SpanWriter``: 56 bytes, not its 769-byte row). Numbered in (document, round,
+   instance) order across the corpus, instance i goes to shard i mod num_shards:
+   shards are within one instance of each other.
+3. shards: shard s's instances are taken from every rank's span files (in rank
+   order, so in corpus order), shuffled with a generator seeded by (seed, s),
+   and their rows gathered from the token store straight into the arrays written.
 
 Passes 2 and 3 are pure Python and numpy on one core, while the tokenizer of
 pass 1 uses its threads on every core it is given. So each rank runs them in
 its share of the node's cores as local worker processes (``run_in_workers``):
 worker w of rank r takes the w-th part of r's documents (and writes its own
-parts, which come after worker w-1's in corpus order) and of r's shards.
+span file, which comes after worker w-1's in corpus order), and r's shards are
+taken one at a time by whichever worker is free.
 
 So the shards are a pure function of the corpus, the vocabulary and the options,
-byte for byte, whatever the number of ranks, and memory holds one chunk of text
-or one shard at a time, never the corpus.
+byte for byte, whatever the number of ranks and workers, and memory holds one
+chunk of text or one shard at a time, never the corpus (the token store is
+mapped: the kernel keeps what is read of it in the page cache).
 """
 import bisect
-import functools
 import itertools
+import mmap
 import multiprocessing
+import operator
 import os
 import shutil
-import struct
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -44,7 +49,8 @@ from hvdtrain.data import bert_instances as instances
 
 SCRATCH_DIR = ".prepare-scratch"
 TOKENIZE_BATCH = 20_000   # sentences per Rust batch call
-FLUSH_TOKENS = 1 << 20    # instances buffered (in rows x max_seq_length) before they go to the shard parts
+FLUSH_TOKENS = 1 << 18    # instances (in rows x max_seq_length) buffered before they are written, and
+                          # rows filled in one numpy step (whose arrays then fit in the caches)
 
 
 def clear_output(directory):
@@ -147,32 +153,116 @@ def run_in_workers(function, tasks, workers):
                            "(killed, or out of memory?); rerun with fewer --workers") from None
 
 
+def split_by_tokens(store, documents, parts):
+    """``documents`` (a range of the corpus) as ``parts`` contiguous ranges, in order, holding
+    about as many tokens each (a document's instances take time in proportion to its tokens)."""
+    ends = np.cumsum(store.document_sizes(documents))
+    total = int(ends[-1]) if len(ends) else 0
+    cuts = [documents.start, *(documents.start + int(np.searchsorted(ends, total * part // parts, side="right"))
+                               for part in range(1, parts)), documents.stop]
+    return [range(low, max(low, high)) for low, high in zip(cuts, cuts[1:])]
+
+
 def split_range(numbers, parts):
     """``numbers`` (a range) as ``parts`` contiguous ranges, in order, sizes within one."""
     size = len(numbers)
     return [numbers[size * part // parts:size * (part + 1) // parts] for part in range(parts)]
 
 
-def tokenize_sources(sources, tokenizer, writer, batch=TOKENIZE_BATCH):
+def tokenize_sources(sources, tokenizer, writer, batch=TOKENIZE_BATCH, started=None):
     """Tokenize documents from ``sources`` (iterables of documents) into ``writer``, in order.
 
     Returns the characters of text read. Memory: two batches of sentences. The
     Rust call for one batch runs in a thread (it releases the GIL and uses the
     tokenizer's own threads) while this one reads the next batch and stores the
-    previous one, so reading and storing hide behind tokenizing.
+    previous one, so reading and storing hide behind tokenizing. ``started``: the
+    future of a batch read and submitted before (Batch.encoded), stored first.
     """
-    backend, characters, pending = tokenizer.backend_tokenizer, 0, None
+    characters, pending = 0, started
     with ThreadPoolExecutor(1) as worker:
         for documents in batches(itertools.chain.from_iterable(sources), batch):
-            lines = [sentence for document in documents for sentence in document]
-            characters += sum(map(len, lines))
-            encoding = worker.submit(backend.encode_batch_fast, lines, add_special_tokens=False)
+            encoding = worker.submit(Batch(documents, tokenizer).encoded)
             if pending is not None:
-                store_batch(writer, pending[0], pending[1].result())
-            pending = ([len(d) for d in documents], encoding)
+                characters += store_encoded(writer, pending.result())
+            pending = encoding
         if pending is not None:
-            store_batch(writer, pending[0], pending[1].result())
+            characters += store_encoded(writer, pending.result())
     return characters
+
+
+class Batch:
+    """Whole documents' sentences, one batch for the tokenizer, as its inputs: each run of
+    GROUP_LINES sentences one text joined by SEPARATOR (its [SEP] ids then mark where each
+    sentence's ids end). Fewer, longer inputs cost the tokenizer less than one per sentence
+    (an Encoding each, made in Rust, then in Python, then freed), and the ids are those of
+    the sentences one by one: the tokenizer splits its input at [SEP] before anything else,
+    and the separator's spaces are dropped as any whitespace between words is. A run in which
+    some sentence holds "[SEP]" itself is given sentence by sentence."""
+
+    def __init__(self, documents, tokenizer, group=None):
+        self.counts = [len(document) for document in documents]
+        self.lines = lines = [sentence for document in documents for sentence in document]
+        self.characters, self.backend = sum(map(len, lines)), tokenizer.backend_tokenizer
+        self.separator_id = tokenizer.sep_token_id
+        group = GROUP_LINES if group is None or self.separator_id is None else group
+        self.inputs, self.lines_per_input = [], []
+        for first in range(0, len(lines), group):
+            run = lines[first:first + group]
+            joined = SEPARATOR.join(run)
+            if len(run) > 1 and joined.count("[SEP]") == len(run) - 1:
+                self.inputs.append(joined)
+                self.lines_per_input.append(len(run))
+            else:
+                self.inputs += run
+                self.lines_per_input += [1] * len(run)
+
+    def encoded(self):
+        """(this batch, the Rust call's Encodings of its inputs), for store_encoded."""
+        return self, self.backend.encode_batch_fast(self.inputs, add_special_tokens=False)
+
+    def ids(self, encodings, dtype):
+        """The ids of every sentence, end to end, and each sentence's length, from ``encodings`` (of
+        the inputs); a joined input is cut at its [SEP] ids, which are left out (split_joined). Where
+        they are not where they should be (never seen), the sentences are tokenized again one by one."""
+        try:
+            return split_joined(encodings, self.lines_per_input, self.separator_id, dtype)
+        except ValueError:
+            return split_joined(self.backend.encode_batch_fast(self.lines, add_special_tokens=False),
+                                [1] * len(self.lines), self.separator_id, dtype)
+
+
+GROUP_LINES = 32  # sentences per tokenizer input (an input of a 20,000-line batch each for ~600 inputs)
+SEPARATOR = " [SEP] "
+
+
+def first_batch(documents, tokenizer, batch=TOKENIZE_BATCH):
+    """The Batch tokenize_sources would make first from ``documents`` (an iterator, left at the next one)."""
+    return Batch(next(batches(documents, batch), []), tokenizer)
+
+
+def store_encoded(writer, encoded):
+    """One Batch.encoded into the store; returns its characters."""
+    batch, encodings = encoded
+    writer.add_arrays(*batch.ids(encodings, writer.dtype), batch.counts)
+    return batch.characters
+
+
+def split_joined(encodings, lines_per_input, separator_id, dtype):
+    """The ids of every sentence of Batch's inputs, end to end, and each sentence's length:
+    an input of n > 1 sentences is cut at its n - 1 [SEP] ids, which are left out."""
+    sizes = np.fromiter(map(len, encodings), np.int64, len(encodings))
+    flat = np.fromiter(itertools.chain.from_iterable(map(_IDS, encodings)), dtype, int(sizes.sum()))
+    lines = np.asarray(lines_per_input, np.int64)
+    if not (lines > 1).any():
+        return flat, sizes
+    input_of = np.repeat(np.arange(len(sizes)), sizes)
+    cut = (flat == separator_id) & (lines > 1)[input_of]
+    cuts = np.bincount(input_of[cut], minlength=len(sizes))
+    if not np.array_equal(cuts, lines - 1):
+        raise ValueError("not one [SEP] between joined sentences")
+    before = np.cumsum(cut) - cut  # cuts before each token, the whole batch over
+    sentence = (np.cumsum(lines) - lines)[input_of] + before - (np.cumsum(cuts) - cuts)[input_of]
+    return flat[~cut], np.bincount(sentence[~cut], minlength=int(lines.sum()))
 
 
 def batches(documents, sentences):
@@ -188,45 +278,94 @@ def batches(documents, sentences):
         yield group
 
 
+_IDS = operator.attrgetter("ids")
+
+
 def store_batch(writer, sentence_counts, encodings):
     """One tokenized batch (the Rust call's Encodings, a list per sentence) into the store."""
     lengths = np.fromiter(map(len, encodings), np.int64, len(encodings))
-    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), writer.dtype, int(lengths.sum()))
+    ids = np.fromiter(itertools.chain.from_iterable(map(_IDS, encodings)), writer.dtype, int(lengths.sum()))
     writer.add_arrays(ids, lengths, sentence_counts)
 
 
 class TokenStore:
-    """Every rank's token store, read with pread: document ``d`` of the whole corpus on demand.
+    """Every rank's token store, memory-mapped: document ``d`` of the whole corpus on demand.
 
     ``counts[r]`` is the number of documents rank r stored; documents are
     numbered rank by rank, which is corpus order since ranks took contiguous byte ranges.
-    Reading by pread keeps only the documents asked for in memory.
+    The files are mapped, not read: what a worker touches stays in the page cache
+    (shared by every worker of the node, and given back by the kernel under pressure),
+    and a "random next" segment costs no system call. ``tokens[r]`` is rank r's token
+    array; sentence and document ends are read as Python ints (memoryviews).
     """
 
     def __init__(self, scratch, counts, dtype):
         self.dtype = np.dtype(dtype)
         self.starts = [0, *itertools.accumulate(counts)]
         self.count = self.starts[-1]
-        self.fds = [{part: os.open(f"{store_prefix(scratch, r)}.{part}", os.O_RDONLY)
-                     for part in ("tokens", "sentences", "documents")} for r in range(len(counts))]
+        self.tokens, self.sentences, self.documents = [], [], []
+        for rank in range(len(counts)):
+            prefix = store_prefix(scratch, rank)
+            self.tokens.append(np.frombuffer(_mapped(f"{prefix}.tokens"), self.dtype))
+            self.sentences.append(memoryview(_mapped(f"{prefix}.sentences")).cast("q"))
+            self.documents.append(memoryview(_mapped(f"{prefix}.documents")).cast("q"))
 
-    def _ends(self, fd, first, last, itemsize=8):
-        """int64 entries [first, last) of an ends file; entry -1 is 0."""
-        start = max(first, 0)
-        ends = np.frombuffer(os.pread(fd, (last - start) * itemsize, start * itemsize), np.int64)
-        return np.concatenate([[0], ends]) if first < 0 else ends
-
-    def _sentences(self, index):
-        """(rank's files, first and last sentence) of document ``index``."""
+    def _locate(self, index):
+        """(rank, first sentence, end sentence) of document ``index``."""
         rank = bisect.bisect_right(self.starts, index) - 1
-        fds, local = self.fds[rank], index - self.starts[rank]
-        if local == 0:  # struct, not numpy: two numbers read for every "random next" segment
-            return fds, 0, struct.unpack("=q", os.pread(fds["documents"], 8, 0))[0]
-        return fds, *struct.unpack("=2q", os.pread(fds["documents"], 16, (local - 1) * 8))
+        local, documents = index - self.starts[rank], self.documents[rank]
+        return rank, (documents[local - 1] if local else 0), documents[local]
 
-    def _tokens(self, fds, first, last):
-        return np.frombuffer(os.pread(fds["tokens"], (last - first) * self.dtype.itemsize,
-                                      first * self.dtype.itemsize), self.dtype)
+    def document_ends(self, index):
+        """Document ``index`` as (its rank's token array number, [its first token's offset there,
+        then each sentence's end])."""
+        rank, first, last = self._locate(index)
+        sentences = self.sentences[rank]
+        return rank, (sentences[first - 1:last].tolist() if first else [0, *sentences[:last].tolist()])
+
+    def random_span(self, index, rng, below, target_length):
+        """bert_corpus.segment_from from the store: a segment of a document other than ``index``,
+        as (token array number, start, stop); ``below`` is bert_instances.uniform_below(rng)."""
+        return self.random_spans(index)(rng, below, target_length)
+
+    def random_spans(self, index):
+        """random_span for document ``index`` as a function of (rng, below, target_length), its
+        lookups bound once (it makes about half of all instances)."""
+        starts, count, sentences, documents = self.starts, self.count, self.sentences, self.documents
+        one = len(starts) == 2  # one rank's store: no rank to look up
+        bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
+
+        def random_span(rng, below, target_length):
+            other = below(count - 1)  # corpus.other_document_index
+            if other >= index:
+                other += 1
+            rank = 0 if one else bisect_right(starts, other) - 1
+            local, ends, documents_of = other - starts[rank], sentences[rank], documents[rank]
+            first, last = (documents_of[local - 1] if local else 0), documents_of[local]
+            start = first + below(last - first)  # rng.randint(0, last - first - 1)
+            begin = ends[start - 1] if start else 0
+            # Sentences hold a token or more: target_length sentences reach target_length tokens.
+            stop = start + target_length if target_length > 1 else start + 1
+            if stop > last:
+                stop = last
+            end = bisect_left(ends, begin + target_length, start, stop)
+            return rank, begin, ends[end if end < stop else stop - 1]
+        return random_span
+
+    def document_sizes(self, documents):
+        """The number of tokens of each document of ``documents`` (a range of the corpus), an array."""
+        sizes = []
+        for rank in range(len(self.starts) - 1):
+            low, high = max(documents.start, self.starts[rank]), min(documents.stop, self.starts[rank + 1])
+            if low >= high:
+                continue
+            local = np.arange(low, high) - self.starts[rank]
+            document_ends = np.asarray(self.documents[rank])  # in sentences
+            token_ends = np.asarray(self.sentences[rank])[document_ends[local] - 1]
+            first = np.where(local > 0, document_ends[np.maximum(local - 1, 0)], 0)  # first sentence
+            token_starts = np.where(first > 0, np.asarray(self.sentences[rank])[np.maximum(first - 1, 0)], 0)
+            sizes.append(token_ends - token_starts)
+        return np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
 
     def document(self, index):
         """Document ``index`` as a list of token-id lists."""
@@ -236,9 +375,8 @@ class TokenStore:
 
     def document_arrays(self, index):
         """Document ``index`` as (its token ids, a list: 0 and each sentence's end)."""
-        fds, first, last = self._sentences(index)
-        ends = self._ends(fds["sentences"], first - 1, last)
-        return self._tokens(fds, int(ends[0]), int(ends[-1])), (ends - ends[0]).tolist()
+        rank, ends = self.document_ends(index)
+        return self.tokens[rank][ends[0]:ends[-1]], [end - ends[0] for end in ends]
 
     def random_segment(self, index, rng, target_length):
         """bert_corpus.segment_from, reading only the sentences it takes."""
@@ -246,119 +384,226 @@ class TokenStore:
 
     def random_segment_array(self, index, rng, target_length):
         """random_segment as an array."""
-        fds, first, last = self._sentences(corpus.other_document_index(index, self.count, rng))
-        start = first + rng.randint(0, last - first - 1)
-        # Sentences hold a token or more: target_length sentences reach target_length tokens.
-        ends = self._ends(fds["sentences"], start - 1, min(last, start + max(target_length, 1)))
-        taken = min(int(np.searchsorted(ends[1:] - ends[0], target_length)) + 1, len(ends) - 1)
-        return self._tokens(fds, int(ends[0]), int(ends[taken]))
+        rank, start, stop = self.random_span(index, rng, instances.uniform_below(rng), target_length)
+        return self.tokens[rank][start:stop]
 
     def close(self):
-        for fds in self.fds:
-            for fd in fds.values():
-                os.close(fd)
+        """Nothing to do: the maps close when the last array or view of them goes."""
+
+
+def _mapped(path):
+    """A file's bytes, mapped read-only (an empty file: empty bytes, which cannot be mapped)."""
+    with open(path, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 # ----------------------------------------------------------------------------- pass 2: instances
 
-def part_path(scratch, rank, bucket, worker=0):
-    return Path(scratch) / f"part-{rank:05d}.{worker:03d}-{bucket:05d}.bin"
+def span_dtype(max_predictions, static):
+    """A row of pass 2: an instance's document_spans (int64s) and, with static masking, its mask
+    draws (how many, then their positions, original ids and written ids, 0-padded)."""
+    fields = [("span", np.int64, (instances.SPAN_FIELDS,))]
+    if static:
+        fields += [("masks", np.int32), *((name, np.int32, (max_predictions,))
+                                          for name in ("positions", "originals", "written"))]
+    return np.dtype(fields)
+
+
+class SpanWriter:
+    """A worker's instances as span_dtype rows, in order, into ShardParts (one file per bucket):
+    an instance is 56 bytes there, not its 769-byte shard row, which pass 3 gathers from the
+    token store straight into the arrays it writes."""
+
+    def __init__(self, scratch, rank, worker, shards, dtype):
+        self.parts = ShardParts(scratch, rank, shards, dtype, worker, SPANS)
+        self.static, self.spans, self.masks = "masks" in dtype.names, [], []
+
+    def __len__(self):
+        return len(self.spans)
+
+    @property
+    def count(self):
+        return self.parts.count
+
+    def add(self, made, masks=None):
+        self.spans += made
+        if masks:
+            self.masks += masks
+
+    def flush(self):
+        rows = np.zeros(len(self.spans), self.parts.dtype)
+        rows["span"] = np.fromiter(itertools.chain.from_iterable(self.spans), np.int64,
+                                   instances.SPAN_FIELDS * len(rows)).reshape(-1, instances.SPAN_FIELDS)
+        if self.static and len(rows):
+            counts, *flat = instances.flat_masks(self.masks)
+            rows["masks"] = counts
+            held = np.arange(rows["positions"].shape[1]) < counts[:, None]
+            for name, values in zip(("positions", "originals", "written"), flat):
+                rows[name][held] = values
+        self.parts.add_rows(rows)
+        self.spans, self.masks = [], []
+
+
+SPANS = "spans"  # pass 2's ShardParts files (make_instances' rows: "part")
+
+
+def spans_in_worker(scratch, counts, token_dtype, options, ids, rank, worker, documents):
+    """One worker's pass 2 (see run_in_workers): the instances of ``documents`` (a range of the
+    corpus) as spans of the token store, into its own span files. Returns (rank, worker, instances made)."""
+    store = TokenStore(scratch, counts, token_dtype)
+    writer = SpanWriter(scratch, rank, worker, options.num_shards,
+                        span_dtype(options.max_predictions_per_seq, options.masking == "static"))
+    flush = max(1, FLUSH_TOKENS // options.max_seq_length)
+    for made, masks in document_rounds(store, documents, options, ids):
+        writer.add(made, masks)
+        if len(writer) >= flush:
+            writer.flush()
+    writer.flush()
+    return rank, worker, writer.count
+
+
+def document_rounds(store, documents, options, ids):
+    """(document_spans, mask_draws or None) of each round of each document of ``documents``,
+    in order. Document d's rounds draw from their own generators (bert_corpus.document_rng),
+    static masks right after the round's pairs, as bert_corpus's reference does."""
+    static = options.masking == "static"
+    seed, rounds, document_rng = options.seed, range(options.dupe_factor), corpus.document_rng
+    length, short, spans, below = options.max_seq_length, options.short_seq_prob, instances.document_spans, \
+        instances.uniform_below
+    for index in documents:
+        source, ends = store.document_ends(index)
+        random_span = store.random_spans(index)
+        for round_index in rounds:
+            rng = document_rng(seed, index, round_index)
+            made = spans(source, ends, length, short, rng, below(rng), random_span)
+            yield made, ([instances.mask_draws(*instances.span_segments(store.tokens, span), options.masked_lm_prob,
+                                               options.max_predictions_per_seq, rng, ids) for span in made]
+                         if static else None)
+
+
+def part_path(scratch, rank, bucket, worker=0, prefix="part"):
+    return Path(scratch) / f"{prefix}-{rank:05d}.{worker:03d}-{bucket:05d}.bin"
 
 
 class ShardParts:
-    """Appends a worker's instances, in order, to one scratch file per bucket (local index mod shards).
+    """Appends a worker's instances as rows, in order, to one file per bucket (local index mod shards).
 
     Its local instance l is global instance offset + l (offset: the instances of
     the workers before it, in corpus order), so bucket b becomes shard
-    (b + offset) mod shards once the offsets are known.
+    (b + offset) mod shards once the offsets are known. Pass 2 writes its span rows so
+    (SpanWriter); make_instances the shard rows themselves.
     """
 
-    def __init__(self, scratch, rank, shards, dtype, worker=0):
+    def __init__(self, scratch, rank, shards, dtype, worker=0, prefix="part"):
         self.scratch, self.rank, self.worker, self.shards, self.dtype = scratch, rank, worker, shards, dtype
-        self.count = 0
+        self.prefix, self.count = prefix, 0
 
     def add_rows(self, records):
         """Append ``records`` (the next instances of this rank, in order) to their buckets."""
         for bucket in range(self.shards):
             rows = records[(bucket - self.count) % self.shards::self.shards]
             if len(rows):
-                with open(part_path(self.scratch, self.rank, bucket, self.worker), "ab") as handle:
+                with open(part_path(self.scratch, self.rank, bucket, self.worker, self.prefix), "ab") as handle:
                     rows.tofile(handle)
         self.count += len(records)
 
 
-def instances_in_worker(scratch, counts, token_dtype, options, dtype, ids, rank, worker, documents):
-    """One worker's pass 2 (see run_in_workers): the instances of ``documents`` (a range of the
-    corpus) into its own shard parts. Returns (rank, worker, instances made)."""
-    store = TokenStore(scratch, counts, token_dtype)
-    try:
-        parts = ShardParts(scratch, rank, options.num_shards, dtype, worker)
-        return rank, worker, make_instances(store, documents, options, ids, parts)
-    finally:
-        store.close()
-
-
 def make_instances(store, documents, options, ids, parts):
-    """Instances of corpus documents ``documents`` (a range) into ``parts``; returns their count.
-
-    Document d's rounds draw from their own generators (bert_corpus.document_rng),
-    static masks right after the round's pairs, as bert_corpus's reference does.
-    """
-    builder = instances.RecordBuilder(parts.dtype, ids)
+    """Instances of corpus documents ``documents`` (a range) as rows into ``parts`` (ShardParts);
+    returns their count. Pass 2's loop (document_rounds) with pass 3's fill (fill_rows)."""
+    builder = instances.SpanBuilder(parts.dtype, ids, store.tokens)
     flush_rows = max(1, FLUSH_TOKENS // options.max_seq_length)
-    for index in documents:
-        tokens, ends = store.document_arrays(index)
-        random_segment = functools.partial(store.random_segment_array, index)
-        for round_index in range(options.dupe_factor):
-            rng = corpus.document_rng(options.seed, index, round_index)
-            made = instances.document_instances(tokens, ends, options.max_seq_length, options.short_seq_prob,
-                                                rng, random_segment)
-            builder.add(made, mask_rows(made, options, rng, ids))
+    for made, masks in document_rounds(store, documents, options, ids):
+        builder.add(made, masks)
         if len(builder) >= flush_rows:
             parts.add_rows(builder.take())
     parts.add_rows(builder.take())
     return parts.count
 
 
-def mask_rows(made, options, rng, ids):
-    """Static masking's draws for one round's instances (None: dynamic masking)."""
-    if options.masking != "static":
-        return None
-    return [instances.mask_draws(a, b, options.masked_lm_prob, options.max_predictions_per_seq, rng, ids)
-            for a, b, _ in made]
-
-
 # ----------------------------------------------------------------------------- pass 3: shards
 
-def shard_records(scratch, shard, made, shards, dtype, seed):
-    """Shard ``shard``: every worker's part for it in corpus order, then shuffled.
+def shard_parts(scratch, shard, made, shards, dtype, prefix="part", remove=False):
+    """Shard ``shard``'s rows (ShardParts') before the shuffle: every worker's part for it in
+    corpus order, read into one array; ``remove``: each part removed once read.
 
-    ``made``: (rank, worker, instances made) of every worker of every rank, in corpus order.
+    ``made``: (rank, worker, instances made) of every worker of every rank, in corpus order;
+    global instance i goes to shard i mod ``shards``.
     """
-    pieces, offset = [], 0
+    paths, offset = [], 0
     for rank, worker, count in made:
-        path = part_path(scratch, rank, (shard - offset) % shards, worker)
+        path = part_path(scratch, rank, (shard - offset) % shards, worker, prefix)
         offset += count
-        if path.exists():
-            pieces.append(np.fromfile(path, dtype=dtype))
-    records = np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype)
-    return records[np.random.default_rng([seed, shard]).permutation(len(records))]
+        try:
+            paths.append((path, os.stat(path).st_size))
+        except FileNotFoundError:
+            pass
+    rows = np.empty(sum(size for _, size in paths) // dtype.itemsize, dtype=dtype)
+    buffer, position = memoryview(rows.view(np.uint8)), 0
+    for path, size in paths:
+        with open(path, "rb", buffering=0) as handle:
+            while size:
+                read = handle.readinto(buffer[position:position + size])
+                if not read:
+                    raise RuntimeError(f"{path} ended early (changed while being read?)")
+                position, size = position + read, size - read
+        if remove:
+            path.unlink()
+    return rows
 
 
-def write_shards(shards, scratch, made, options, dtype):
+def shard_order(seed, shard, count):
+    """The shuffle of shard ``shard``'s rows (seeded by (seed, shard))."""
+    return np.random.default_rng([seed, shard]).permutation(count)
+
+
+def write_shards(shards, scratch, made, options, dtype, ids, counts, token_dtype):
     """One worker's pass 3: shards ``shards`` into options.output_dir.
 
-    Returns [{"file", "instances", "sha256"(, "bins")}] for the metadata.
+    A shard's instances (pass 2's span rows for it) are shuffled, grouped by length bin
+    (--bin-size), and their rows gathered from the token store straight into the arrays
+    written, a block of rows at a time. ``dtype``: the rows' record_dtype; ``ids``: SpecialIds;
+    ``counts``: documents per rank (the token store's). Returns [{"file", "instances",
+    "sha256"(, "bins")}] for the metadata.
     """
-    written = []
+    static = options.masking == "static"
+    store, spans_dtype, written = TokenStore(scratch, counts, token_dtype), \
+        span_dtype(options.max_predictions_per_seq, static), []
+    block = max(1, FLUSH_TOKENS // options.max_seq_length)
     for shard in shards:
-        records = shard_records(scratch, shard, made, options.num_shards, dtype, options.seed)
-        entry = {"file": bert_data.shard_name(shard), "instances": len(records)}
+        rows = shard_parts(scratch, shard, made, options.num_shards, spans_dtype, SPANS, remove=True)
+        order = shard_order(options.seed, shard, len(rows))
+        entry = {"file": bert_data.shard_name(shard), "instances": len(rows)}
         if options.bin_size:
-            records, entry["bins"] = sort_by_bin(records, options.bin_size, options.max_seq_length)
-        entry["sha256"] = bert_data.write_shard(options.output_dir / entry["file"], corpus.records_to_arrays(records))
+            spans = rows["span"]
+            lengths = (spans[:, 2] - spans[:, 1] + spans[:, 5] - spans[:, 4] + 3)[order]
+            within, entry["bins"] = bin_order(lengths, options.bin_size, options.max_seq_length)
+            order = order[within]
+        rows = rows[order]
+        columns = {name: np.empty((len(rows), *dtype[name].shape), dtype[name].base) for name in dtype.names}
+        for first in range(0, len(rows), block):
+            these = rows[first:first + block]
+            instances.fill_rows(these["span"], store.tokens, ids,
+                                {name: column[first:first + block] for name, column in columns.items()},
+                                span_masks(these) if static else None)
+        entry["sha256"] = bert_data.write_shard(options.output_dir / entry["file"], columns)
         written.append(entry)
     return written
+
+
+def span_masks(rows):
+    """The mask draws of span_dtype rows as flat_masks."""
+    counts = rows["masks"].astype(np.int64)
+    held = np.arange(rows["positions"].shape[1]) < counts[:, None]
+    return (counts, *(rows[name][held] for name in ("positions", "originals", "written")))
+
+
+def bin_order(lengths, bin_size, max_seq_length):
+    """sort_by_bin's order of rows of these lengths, and its rows per bin."""
+    bins = (lengths - 1) // bin_size
+    return np.argsort(bins, kind="stable"), np.bincount(bins, minlength=-(-max_seq_length // bin_size)).tolist()
 
 
 def sort_by_bin(records, bin_size, max_seq_length):
@@ -366,6 +611,5 @@ def sort_by_bin(records, bin_size, max_seq_length):
 
     Bin b holds lengths in (b*bin_size, (b+1)*bin_size]. Returns (records, rows per bin).
     """
-    bins = (records["input_mask"].sum(axis=1, dtype=np.int64) - 1) // bin_size
-    order = np.argsort(bins, kind="stable")
-    return records[order], np.bincount(bins, minlength=-(-max_seq_length // bin_size)).tolist()
+    order, counts = bin_order(records["input_mask"].sum(axis=1, dtype=np.int64), bin_size, max_seq_length)
+    return records[order], counts
