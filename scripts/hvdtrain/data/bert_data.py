@@ -72,10 +72,25 @@ def write_shard(path, arrays):
     with h5py.File(tmp, "w") as handle:
         handle.attrs["format_version"] = FORMAT_VERSION
         for name, array in arrays.items():
-            handle.create_dataset(name, data=array, compression="gzip", compression_opts=1)
+            handle.create_dataset(name, data=array, **storage(array))
     digest = file_sha256(tmp)
     os.replace(tmp, path)
     return digest
+
+
+CHUNK_ROWS = 1024  # rows per compressed chunk
+
+
+def storage(array):
+    """How a column is stored: chunks of whole rows (a piece of rows read decompresses only its own
+    chunks, not every row of a column band as h5py's automatic chunks do), bytes shuffled, then gzip
+    at level 1 (int32 token ids keep their high bytes apart, all zero: a quarter less to compress, 30 %
+    smaller files; measured in docs/performance.md). Any HDF5 reader reads it: shuffle and gzip are
+    HDF5's own filters. A column of no rows is stored plain (a chunk may not exceed the data)."""
+    if not len(array):
+        return {}
+    return {"chunks": (min(CHUNK_ROWS, len(array)), *array.shape[1:]), "shuffle": True,
+            "compression": "gzip", "compression_opts": 1}
 
 
 def file_sha256(path):
