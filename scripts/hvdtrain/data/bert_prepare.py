@@ -204,7 +204,7 @@ class Batch:
         self.lines = lines = [sentence for document in documents for sentence in document]
         self.characters, self.backend = sum(map(len, lines)), tokenizer.backend_tokenizer
         self.separator_id = tokenizer.sep_token_id
-        group = GROUP_LINES if group is None or self.separator_id is None else group
+        group = 1 if self.separator_id is None else GROUP_LINES if group is None else group  # no [SEP]: one by one
         self.inputs, self.lines_per_input = [], []
         for first in range(0, len(lines), group):
             run = lines[first:first + group]
