@@ -213,3 +213,12 @@ def test_joined_sentences_give_each_sentence_its_own_ids(group):
         batch.lines_per_input[0] += 1  # a separator short: tokenized again, one input per sentence
         ids, lengths = batch.ids(batch.encoded()[1], np.int32)
         assert lengths.tolist() == [len(e.ids) for e in alone] and ids.tolist() == [i for e in alone for i in e.ids]
+
+
+def test_windows_near_and_past_a_token_arrays_ends_hold_its_tokens_and_zeros():
+    sources = [np.arange(1, 11, dtype=np.uint16), np.zeros(0, np.uint16), np.arange(100, 103, dtype=np.uint16)]
+    origins = np.array([0, 0, 0, 0, 1, 2, 2])
+    offsets = np.array([0, -2, 4, 8, 0, -1, 1])
+    windows = instances.windows_at(sources, origins, offsets, 4)
+    assert windows.tolist() == [[1, 2, 3, 4], [0, 0, 1, 2], [5, 6, 7, 8], [9, 10, 0, 0], [0, 0, 0, 0],
+                                [0, 100, 101, 102], [101, 102, 0, 0]]

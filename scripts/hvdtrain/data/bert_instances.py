@@ -247,14 +247,6 @@ def document_spans(source, ends, max_seq_length, short_seq_prob, rng, below, ran
     return made
 
 
-def concatenated_ranges(starts, lengths):
-    """np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)]), in one step."""
-    total = int(lengths.sum())
-    if not total:
-        return np.zeros(0, np.int64)
-    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
-
-
 SPAN_FIELDS = 7  # a row of document_spans: source, a0, a1, b source, b0, b1, is_random_next
 
 
@@ -270,7 +262,7 @@ def fill_rows(spans, sources, ids, columns, masks=None):
     """The shard rows of instances ``spans`` (an int64 array, a document_spans row each) written
     into ``columns``: arrays (or views) by the shard format's names, one row per instance. The
     tokens are gathered from the store's token arrays ``sources`` (by an instance's source
-    numbers), all at once. ``masks``: static masking's flat_masks for these instances.
+    numbers), a whole row's width at once (windows). ``masks``: static masking's flat_masks.
 
     The rows are those of bert_corpus.instances_to_records: [CLS] a [SEP] b [SEP], segment
     ids 0 then 1 from b on, input mask 1 over the tokens, 0-padded.
@@ -278,35 +270,46 @@ def fill_rows(spans, sources, ids, columns, masks=None):
     input_ids = columns["input_ids"]
     count, width = input_ids.shape
     a_length, b_length = spans[:, 2] - spans[:, 1], spans[:, 5] - spans[:, 4]
-    total = a_length + b_length + 3
-    row_start = np.cumsum(total) - total
-    flat = np.empty(int(total.sum()), np.int32)  # the rows' tokens, end to end
-    flat[row_start] = ids.cls
-    flat[row_start + a_length + 1] = ids.sep
-    flat[row_start + total - 1] = ids.sep
-    # Segment k: a of instance k (k < count), else b of instance k - count.
-    origins = np.concatenate((spans[:, 0], spans[:, 3]))
-    starts = np.concatenate((spans[:, 1], spans[:, 4]))
-    lengths = np.concatenate((a_length, b_length))
-    targets = np.concatenate((row_start + 1, row_start + a_length + 2))
-    if count and origins.min() == origins.max():
-        groups = [np.arange(len(origins))]
-    else:
-        order = np.argsort(origins, kind="stable")
-        groups = np.split(order, np.flatnonzero(np.diff(origins[order])) + 1) if count else []
-    for group in groups:
-        tokens = sources[int(origins[group[0]])]
-        flat[concatenated_ranges(targets[group], lengths[group])] = \
-            tokens[concatenated_ranges(starts[group], lengths[group])]
+    b_first = a_length + 2  # b's first position in the row
+    total = b_first + b_length + 1
+    # Position p of row r holds a's token a0 + p - 1 (1 <= p <= a_length), or b's b0 + p - b_first.
+    from_a = windows_at(sources, spans[:, 0], spans[:, 1] - 1, width)
+    from_b = windows_at(sources, spans[:, 3], spans[:, 4] - b_first, width)
     position = np.arange(width)
+    in_a = (position >= 1) & (position <= a_length[:, None])
+    in_b = (position >= b_first[:, None]) & (position < (total - 1)[:, None])
+    input_ids[...] = np.where(in_a, from_a, np.where(in_b, from_b, 0))
+    rows = np.arange(count)
+    input_ids[rows, 0] = ids.cls
+    input_ids[rows, a_length + 1] = ids.sep
+    input_ids[rows, total - 1] = ids.sep
     mask = position < total[:, None]
-    input_ids[...] = 0
-    input_ids[mask] = flat
-    columns["segment_ids"][...] = mask & (position >= (a_length + 2)[:, None])
+    columns["segment_ids"][...] = mask & (position >= b_first[:, None])
     columns["input_mask"][...] = mask
     columns["next_sentence_labels"][...] = spans[:, 6]
     if masks is not None:
         apply_flat_masks(*masks, columns, input_ids)
+
+
+def windows_at(sources, origins, offsets, width):
+    """Row r: ``width`` tokens of token array ``sources[origins[r]]`` from ``offsets[r]`` on, as
+    one (rows, width) array; a position outside the array holds 0 (the caller masks it). Rows
+    whose window lies inside their array are copied from a strided view (no index per token);
+    the few near an array's ends, token by token."""
+    dtype = sources[0].dtype if len(sources) else np.int32
+    out = np.zeros((len(origins), width), dtype)
+    for origin in np.unique(origins):
+        tokens = sources[int(origin)]
+        rows = np.flatnonzero(origins == origin)
+        starts = offsets[rows]
+        inside = (starts >= 0) & (starts <= len(tokens) - width)
+        if inside.any():
+            out[rows[inside]] = np.lib.stride_tricks.sliding_window_view(tokens, width)[starts[inside]]
+        for row, start in zip(rows[~inside], starts[~inside]):
+            index = start + np.arange(width)
+            held = (index >= 0) & (index < len(tokens))
+            out[row, held] = tokens[index[held]]
+    return out
 
 
 def apply_flat_masks(counts, positions, originals, written, columns, input_ids):
