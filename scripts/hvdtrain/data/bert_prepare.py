@@ -163,12 +163,6 @@ def split_by_tokens(store, documents, parts):
     return [range(low, max(low, high)) for low, high in zip(cuts, cuts[1:])]
 
 
-def split_range(numbers, parts):
-    """``numbers`` (a range) as ``parts`` contiguous ranges, in order, sizes within one."""
-    size = len(numbers)
-    return [numbers[size * part // parts:size * (part + 1) // parts] for part in range(parts)]
-
-
 def tokenize_sources(sources, tokenizer, writer, batch=TOKENIZE_BATCH, started=None):
     """Tokenize documents from ``sources`` (iterables of documents) into ``writer``, in order.
 
@@ -191,34 +185,36 @@ def tokenize_sources(sources, tokenizer, writer, batch=TOKENIZE_BATCH, started=N
 
 
 class Batch:
-    """Whole documents' sentences, one batch for the tokenizer, as its inputs: each run of
+    """Whole documents' sentences, one batch for the tokenizer, as its inputs: each run of up to
     GROUP_LINES sentences one text joined by SEPARATOR (its [SEP] ids then mark where each
     sentence's ids end). Fewer, longer inputs cost the tokenizer less than one per sentence
     (an Encoding each, made in Rust, then in Python, then freed), and the ids are those of
     the sentences one by one: the tokenizer splits its input at [SEP] before anything else,
     and the separator's spaces are dropped as any whitespace between words is. A run in which
-    some sentence holds "[SEP]" itself is given sentence by sentence."""
+    some sentence holds "[SEP]" itself is given sentence by sentence. Runs do not mix ASCII and
+    other sentences: an ASCII input goes to the tokenizer's faster ASCII twin (encode_batch)."""
 
     def __init__(self, documents, tokenizer, group=None):
         self.counts = [len(document) for document in documents]
         self.lines = lines = [sentence for document in documents for sentence in document]
-        self.characters, self.backend = sum(map(len, lines)), tokenizer.backend_tokenizer
+        self.characters, self.tokenizer = sum(map(len, lines)), tokenizer
         self.separator_id = tokenizer.sep_token_id
         group = 1 if self.separator_id is None else GROUP_LINES if group is None else group  # no [SEP]: one by one
-        self.inputs, self.lines_per_input = [], []
-        for first in range(0, len(lines), group):
-            run = lines[first:first + group]
+        self.inputs, self.lines_per_input, self.plain = [], [], []
+        for run, plain in same_kind_runs(lines, group):
             joined = SEPARATOR.join(run)
             if len(run) > 1 and joined.count("[SEP]") == len(run) - 1:
                 self.inputs.append(joined)
                 self.lines_per_input.append(len(run))
+                self.plain.append(plain)
             else:
                 self.inputs += run
                 self.lines_per_input += [1] * len(run)
+                self.plain += [plain] * len(run)
 
     def encoded(self):
         """(this batch, the Rust call's Encodings of its inputs), for store_encoded."""
-        return self, self.backend.encode_batch_fast(self.inputs, add_special_tokens=False)
+        return self, self.tokenizer.encode_batch(self.inputs, self.plain)
 
     def ids(self, encodings, dtype):
         """The ids of every sentence, end to end, and each sentence's length, from ``encodings`` (of
@@ -227,8 +223,15 @@ class Batch:
         try:
             return split_joined(encodings, self.lines_per_input, self.separator_id, dtype)
         except ValueError:
-            return split_joined(self.backend.encode_batch_fast(self.lines, add_special_tokens=False),
-                                [1] * len(self.lines), self.separator_id, dtype)
+            return split_joined(self.tokenizer.encode_batch(self.lines), [1] * len(self.lines), self.separator_id, dtype)
+
+
+def same_kind_runs(lines, group):
+    """(run, ascii): consecutive ``lines`` in runs of up to ``group``, each all ASCII or all not."""
+    for plain, lines_of_kind in itertools.groupby(lines, str.isascii):
+        lines_of_kind = list(lines_of_kind)
+        for first in range(0, len(lines_of_kind), group):
+            yield lines_of_kind[first:first + group], plain
 
 
 GROUP_LINES = 32  # sentences per tokenizer input (an input of a 20,000-line batch each for ~600 inputs)
@@ -279,13 +282,6 @@ def batches(documents, sentences):
 
 
 _IDS = operator.attrgetter("ids")
-
-
-def store_batch(writer, sentence_counts, encodings):
-    """One tokenized batch (the Rust call's Encodings, a list per sentence) into the store."""
-    lengths = np.fromiter(map(len, encodings), np.int64, len(encodings))
-    ids = np.fromiter(itertools.chain.from_iterable(map(_IDS, encodings)), writer.dtype, int(lengths.sum()))
-    writer.add_arrays(ids, lengths, sentence_counts)
 
 
 class TokenStore:
