@@ -18,12 +18,8 @@ described in hvdtrain/data/bert_data.py (SHARD_FORMAT_DOC).
 """
 import atexit
 import math
-import os
 import shutil
-import threading
 import time
-import types
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hvdtrain.data import bert_corpus as corpus
@@ -31,7 +27,7 @@ from hvdtrain.data import bert_data
 from hvdtrain.data import bert_prepare as prepare
 from hvdtrain.cli import ArgumentParser, fraction, non_negative_int, positive_int, run_main
 from hvdtrain.errors import UsageError
-from hvdtrain.launch.mpi_world import World, launched_size
+from hvdtrain.launch.mpi_world import World
 from hvdtrain.runtime.outdir_lock import OutputDirLock
 
 DEFAULT_VOCAB_SIZE = 30522            # BERT's
@@ -94,10 +90,10 @@ def parse_args(argv=None):
     return args
 
 
-def check_inputs(args, world):
-    """Checks every rank makes before any work; returns the input files (None: embedded corpus)."""
-    if args.num_shards < world.size:
-        raise UsageError(f"--num-shards {args.num_shards} is less than the {world.size} ranks")
+def check_inputs(args, size):
+    """Checks every rank makes before any work (``size`` ranks); returns the input files (None: embedded corpus)."""
+    if args.num_shards < size:
+        raise UsageError(f"--num-shards {args.num_shards} is less than the {size} ranks")
     if args.vocab is not None and not args.vocab.exists():
         raise UsageError(f"--vocab not found: {args.vocab}")
     if not args.input:
@@ -152,73 +148,10 @@ def tokenize_my_files(args, files, world, tokenizer, scratch, early=None):
     if early is not None:
         characters = prepare.tokenize_sources([early.documents], tokenizer, writer, started=early.first)
     else:
-        characters = prepare.tokenize_sources([my_documents(files, world)], tokenizer, writer)
+        characters = prepare.tokenize_sources([prepare.documents_of_rank(files, world.rank, world.size)],
+                                              tokenizer, writer)
     writer.close()
     return writer.documents, characters
-
-
-def my_documents(files, world):
-    """This rank's contiguous share of the corpus's documents, in corpus order."""
-    if files is None:  # the embedded corpus is small and in memory: split it by documents
-        documents = corpus.default_corpus_documents()
-        return documents[world.rank * len(documents) // world.size:(world.rank + 1) * len(documents) // world.size]
-    total = sum(f.stat().st_size for f in files)
-    start, stop = (total * r // world.size for r in (world.rank, world.rank + 1))
-    return corpus.documents_in_byte_range(files, start, stop)
-
-
-EARLY_NOTE = " (the first batch tokenized while MPI started)"
-
-
-class EarlyStart:
-    """Under mpirun (Open MPI or MPICH) with --input and --vocab: this rank's first batch of
-    text tokenized while MPI starts (MPI_Init holds the GIL for about half a second, mostly
-    waiting; the Rust tokenizer needs no GIL). Rank, size and ranks per node come from the
-    launcher's environment; the batch is used only if they, the input files and the
-    vocabulary (rank 0's, sent to every rank) turn out to be those of the run, else dropped.
-    """
-
-    RANK_VARS, LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
-
-    @classmethod
-    def begin(cls, args):
-        """The started batch, or None (not launched so, or anything unexpected: main() checks and says)."""
-        size, rank, local = launched_size(), cls._number(cls.RANK_VARS), cls._number(cls.LOCAL_SIZE_VARS)
-        if size <= 1 or rank is None or not local or args.vocab is None or not args.input:
-            return None
-        try:
-            return cls(args, rank, size, local)
-        except Exception:
-            return None
-
-    @staticmethod
-    def _number(names):
-        return next((int(os.environ[name]) for name in names if os.environ.get(name, "").isdigit()), None)
-
-    def __init__(self, args, rank, size, local):
-        self.rank, self.size = rank, size
-        self.files = check_inputs(args, types.SimpleNamespace(size=size))
-        prepare.divide_tokenizer_threads(local)  # before the tokenizer's first call, as main() would
-        loaded = corpus.WordPieceTokenizer.load(args.vocab, args.lowercase)
-        self.vocab = loaded.get_vocab(), bool(getattr(loaded, "do_lower_case", args.lowercase))
-        self.tokenizer = corpus.WordPieceTokenizer.from_vocab(*self.vocab)
-        self.documents = my_documents(self.files, self)
-        self.worker, submitted = ThreadPoolExecutor(1), threading.Event()
-        self.first = self.worker.submit(self._first_batch, submitted)
-        submitted.wait(60)  # the batch is in the tokenizer's hands (and the GIL free) before MPI starts
-
-    def _first_batch(self, submitted):
-        batch = prepare.first_batch(self.documents, self.tokenizer)
-        submitted.set()
-        return batch.encoded()
-
-    def taken(self, world, files, vocab):
-        """This start, if it is the run's (else None, its batch dropped); the worker thread goes either way."""
-        self.worker.shutdown(wait=False)
-        if (self.rank, self.size, self.files, self.vocab) != (world.rank, world.size, files, vocab):
-            self.first.cancel()
-            return None
-        return self
 
 
 def check_document_count(total):
@@ -286,12 +219,12 @@ def metadata(args, files, tokenizer, shards, world):
 
 def main(argv=None):
     args = parse_args(argv)
-    early = EarlyStart.begin(args)
+    early = prepare.EarlyStart.begin(lambda size: check_inputs(args, size), args.vocab, args.lowercase)
     world = World()
-    timer = PhaseTimer(world)
+    timer = prepare.PhaseTimer(world.size)
     threads = prepare.divide_tokenizer_threads(world.local_size())  # before the tokenizer's first call
     workers = args.workers or prepare.cpus_per_rank(world.local_size())  # processes for passes 2 and 3
-    files = world.agree_on_errors(check_inputs, args, world)
+    files = world.agree_on_errors(check_inputs, args, world.size)
     world.agree_on_errors(lock_output_dir, args, world)
 
     def rank0_vocabulary():
@@ -310,7 +243,7 @@ def main(argv=None):
     if world.is_main:
         corpus.save_tokenizer(tokenizer, args.output_dir / bert_data.TOKENIZER_DIR)
         world.print0(f"vocabulary: {len(tokenizer)} tokens ({'uncased' if lowercase else 'cased'}); "
-                     f"tokenizer threads per rank: {threads}{EARLY_NOTE if early is not None else ''}; "
+                     f"tokenizer threads per rank: {threads}{early.NOTE if early is not None else ''}; "
                      f"processes per rank for instances and shards: {workers}")
 
     scratch = args.output_dir / prepare.SCRATCH_DIR
@@ -352,42 +285,6 @@ def settle(world, interval=0.002):
         request = world.comm.Ibarrier()
         while not request.Test():
             time.sleep(interval)
-
-
-def process_age():
-    """Seconds since this process started (Linux; 0 elsewhere): its interpreter's start-up and imports."""
-    try:
-        with open("/proc/self/stat") as handle:
-            started = int(handle.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
-    except (OSError, ValueError, IndexError, AttributeError):
-        return 0.0
-
-
-class PhaseTimer:
-    """Seconds per stage (rank 0's clock, from its process's start) and the input rate: the figures
-    the README quotes. Not collective: main() marks each pass after an allgather, which no rank
-    leaves before every rank has finished the pass."""
-
-    def __init__(self, world):
-        self.world, self.last, self.characters = world, time.time(), 0
-        self.seconds = {"start-up": process_age()}
-
-    def done(self, phase, characters=None):
-        now = time.time()
-        self.seconds[phase], self.last = now - self.last, now
-        if characters is not None:
-            self.characters = characters
-
-    def total(self):
-        return sum(self.seconds.values())
-
-    def summary(self):
-        megabytes = self.characters / 1e6
-        passes = sum(self.seconds.get(name, 0.0) for name in ("tokenize", "instances", "shards"))
-        phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.seconds.items())
-        return (f"{megabytes:.1f} M characters; {phases}; "
-                f"{megabytes / passes / self.world.size:.2f} MB/s per rank after the vocabulary")
 
 
 if __name__ == "__main__":

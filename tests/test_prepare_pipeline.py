@@ -139,11 +139,10 @@ def test_the_script_names_its_stages(tmp_path):
 
 def test_under_mpirun_the_first_batch_is_tokenized_while_mpi_starts(tmp_path, need_mpi):
     """With --input and --vocab, each rank tokenizes its first batch before MPI_Init returns
-    (prepare_bert_data.EarlyStart): the same shards as one process; a vocabulary that is
+    (bert_prepare.EarlyStart): the same shards as one process; a vocabulary that is
     not rank 0's drops the early batch."""
     require_module("mpi4py")
     from hvdtrain.data.bert_corpus import default_corpus_documents
-    import prepare_bert_data
     text = "\n\n".join("\n".join(document[:40]) for document in default_corpus_documents()[:60])
     (tmp_path / "corpus.txt").write_text(text + "\n")
     common = ["--input", tmp_path / "corpus.txt", "--dupe-factor", "2", "--num-shards", "3"]
@@ -152,7 +151,7 @@ def test_under_mpirun_the_first_batch_is_tokenized_while_mpi_starts(tmp_path, ne
     one = ok(python([PREPARE, *common, "--output-dir", tmp_path / "one"], timeout=120))
     three = ok(launch(["mpirun", "--oversubscribe", "-np", "3", sys.executable, PREPARE, *common,
                        "--output-dir", tmp_path / "three"], timeout=180))
-    assert prepare_bert_data.EARLY_NOTE in three.output and prepare_bert_data.EARLY_NOTE not in one.output
+    assert prepare.EarlyStart.NOTE in three.output and prepare.EarlyStart.NOTE not in one.output
     assert shard_digests(tmp_path / "three") == shard_digests(tmp_path / "one")
 
 
@@ -168,21 +167,24 @@ def test_an_early_batch_is_taken_only_by_its_own_run(tmp_path, monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
     args = prepare_bert_data.parse_args(["--input", str(tmp_path / "corpus.txt"), "--output-dir", str(tmp_path / "out"),
                                          "--vocab", str(tmp_path / "tokenizer")])
-    files = prepare_bert_data.check_inputs(args, types.SimpleNamespace(size=2))
+    files = prepare_bert_data.check_inputs(args, 2)
+
+    def begin():
+        return prepare.EarlyStart.begin(lambda size: prepare_bert_data.check_inputs(args, size), args.vocab, True)
+
     for rank, expected in ((1, True), (0, False)):
         world = types.SimpleNamespace(rank=rank, size=2)
-        early = prepare_bert_data.EarlyStart.begin(args)
+        early = begin()
         taken = early.taken(world, files, (vocab, True))
         assert (taken is early) == expected
         if expected:  # the first batch of rank 1's byte range, as tokenize_sources would make it
             batch, encodings = early.first.result()
-            first = prepare.first_batch(prepare_bert_data.my_documents(files, world), early.tokenizer)
+            first = prepare.first_batch(prepare.documents_of_rank(files, rank, 2), early.tokenizer)
             assert (batch.counts, batch.characters, batch.inputs) == (first.counts, first.characters, first.inputs)
             assert len(encodings) == len(first.inputs)
-    assert prepare_bert_data.EarlyStart.begin(args).taken(types.SimpleNamespace(rank=1, size=2), files,
-                                                          ({**vocab, "extra": len(vocab)}, True)) is None
+    assert begin().taken(types.SimpleNamespace(rank=1, size=2), files, ({**vocab, "extra": len(vocab)}, True)) is None
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")
-    assert prepare_bert_data.EarlyStart.begin(args) is None  # one process: MPI is never started
+    assert begin() is None  # one process: MPI is never started
 
 
 ODD_LINES = ["First line.", "Second [SEP] line with [CLS] and [MASK] inside.", "\x01\x02", "Café naïve \u2028 split?",

@@ -37,6 +37,8 @@ import multiprocessing
 import operator
 import os
 import shutil
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -46,6 +48,7 @@ import numpy as np
 from hvdtrain.data import bert_corpus as corpus
 from hvdtrain.data import bert_data
 from hvdtrain.data import bert_instances as instances
+from hvdtrain.launch.mpi_world import launched_size
 
 SCRATCH_DIR = ".prepare-scratch"
 TOKENIZE_BATCH = 20_000   # sentences per Rust batch call
@@ -282,6 +285,72 @@ def batches(documents, sentences):
 
 
 _IDS = operator.attrgetter("ids")
+
+
+def documents_of_rank(files, rank, size):
+    """Rank ``rank``'s contiguous share of the corpus's documents (of ``size`` ranks), in corpus
+    order: the documents that start in its equal byte range of ``files`` read as one stream
+    (``files`` None: the embedded corpus, small and in memory, split by documents)."""
+    if files is None:
+        documents = corpus.default_corpus_documents()
+        return documents[rank * len(documents) // size:(rank + 1) * len(documents) // size]
+    total = sum(f.stat().st_size for f in files)
+    start, stop = (total * r // size for r in (rank, rank + 1))
+    return corpus.documents_in_byte_range(files, start, stop)
+
+
+class EarlyStart:
+    """Under mpirun (Open MPI or MPICH) with --input and --vocab: this rank's first batch of
+    text tokenized while MPI starts (MPI_Init holds the GIL for about half a second, mostly
+    waiting; the Rust tokenizer needs no GIL). Rank, size and ranks per node come from the
+    launcher's environment; the batch is used only if they, the input files and the
+    vocabulary (rank 0's, sent to every rank) turn out to be those of the run, else dropped.
+    """
+
+    RANK_VARS, LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+    NOTE = " (the first batch tokenized while MPI started)"
+
+    @classmethod
+    def begin(cls, input_files, vocab, lowercase):
+        """The started batch, or None (not launched so, no --vocab, or anything unexpected: the
+        script checks and says). ``input_files(size)``: the script's checked input files."""
+        size, rank, local = launched_size(), cls._number(cls.RANK_VARS), cls._number(cls.LOCAL_SIZE_VARS)
+        if size <= 1 or rank is None or not local or vocab is None:
+            return None
+        try:
+            return cls(input_files(size), vocab, lowercase, rank, size, local)
+        except Exception:
+            return None
+
+    @staticmethod
+    def _number(names):
+        return next((int(os.environ[name]) for name in names if os.environ.get(name, "").isdigit()), None)
+
+    def __init__(self, files, vocab, lowercase, rank, size, local):
+        if files is None:
+            raise ValueError("the embedded corpus is tokenized after MPI starts")
+        self.rank, self.size, self.files = rank, size, files
+        divide_tokenizer_threads(local)  # before the tokenizer's first call, as the script would
+        loaded = corpus.WordPieceTokenizer.load(vocab, lowercase)
+        self.vocab = loaded.get_vocab(), bool(getattr(loaded, "do_lower_case", lowercase))
+        self.tokenizer = corpus.WordPieceTokenizer.from_vocab(*self.vocab)
+        self.documents = documents_of_rank(files, rank, size)
+        self.worker, submitted = ThreadPoolExecutor(1), threading.Event()
+        self.first = self.worker.submit(self._first_batch, submitted)
+        submitted.wait(60)  # the batch is in the tokenizer's hands (and the GIL free) before MPI starts
+
+    def _first_batch(self, submitted):
+        batch = first_batch(self.documents, self.tokenizer)
+        submitted.set()
+        return batch.encoded()
+
+    def taken(self, world, files, vocab):
+        """This start, if it is the run's (else None, its batch dropped); the worker thread goes either way."""
+        self.worker.shutdown(wait=False)
+        if (self.rank, self.size, self.files, self.vocab) != (world.rank, world.size, files, vocab):
+            self.first.cancel()
+            return None
+        return self
 
 
 class TokenStore:
@@ -609,3 +678,39 @@ def sort_by_bin(records, bin_size, max_seq_length):
     """
     order, counts = bin_order(records["input_mask"].sum(axis=1, dtype=np.int64), bin_size, max_seq_length)
     return records[order], counts
+
+
+def process_age():
+    """Seconds since this process started (Linux; 0 elsewhere): its interpreter's start-up and imports."""
+    try:
+        with open("/proc/self/stat") as handle:
+            started = int(handle.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+class PhaseTimer:
+    """Seconds per stage (rank 0's clock, from its process's start) and the input rate: the figures
+    the README quotes. Not collective: the script marks each pass after an allgather, which no rank
+    leaves before every rank has finished the pass."""
+
+    def __init__(self, size):
+        self.size, self.last, self.characters = size, time.time(), 0
+        self.seconds = {"start-up": process_age()}
+
+    def done(self, phase, characters=None):
+        now = time.time()
+        self.seconds[phase], self.last = now - self.last, now
+        if characters is not None:
+            self.characters = characters
+
+    def total(self):
+        return sum(self.seconds.values())
+
+    def summary(self):
+        megabytes = self.characters / 1e6
+        passes = sum(self.seconds.get(name, 0.0) for name in ("tokenize", "instances", "shards"))
+        phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.seconds.items())
+        return (f"{megabytes:.1f} M characters; {phases}; "
+                f"{megabytes / passes / self.size:.2f} MB/s per rank after the vocabulary")
