@@ -209,7 +209,7 @@ def test_joined_sentences_give_each_sentence_its_own_ids(group):
         batch = prepare.Batch(documents, tokenizer, group=group)
         assert len(batch.inputs) < len(lines) and max(batch.lines_per_input) == group
         assert 1 in batch.lines_per_input  # the runs with a "[SEP]" of their own
-        assert True in batch.plain and False in batch.plain  # ASCII inputs went to the ASCII twin, the rest not
+        assert True in batch.plain and False in batch.plain  # plain inputs went to the twin, the rest not
         ids, lengths = batch.ids(batch.encoded()[1], np.int32)
         assert lengths.tolist() == [len(e.ids) for e in alone] and 0 in lengths
         assert ids.tolist() == [i for e in alone for i in e.ids]
@@ -218,23 +218,25 @@ def test_joined_sentences_give_each_sentence_its_own_ids(group):
         assert lengths.tolist() == [len(e.ids) for e in alone] and ids.tolist() == [i for e in alone for i in e.ids]
 
 
-def test_the_ascii_twin_gives_the_tokenizers_ids_for_ascii_text():
-    """WordPieceTokenizer.ascii_backend leaves out normalizing steps that cannot change ASCII text:
-    the ids of ASCII sentences (control characters, case, punctuation, specials) are the full
-    tokenizer's, cased and uncased; a tokenizer whose normalizer is not BERT's has no twin."""
+def test_the_plain_text_twin_gives_the_tokenizers_ids():
+    """WordPieceTokenizer.plain_backend leaves out the normalizing steps that cannot change printable
+    ASCII: the ids of such sentences (case, punctuation, digits, specials) are the full tokenizer's,
+    cased and uncased; tabs, control characters and non-ASCII text are not plain; a tokenizer whose
+    normalizer is not BERT's has no twin."""
     from tokenizers import Tokenizer, normalizers
     sentences = [s for d in corpus.default_corpus_documents()[:6] for s in d]
     vocab = corpus.train_wordpiece(sentences, 700, True)
-    lines = [line for line in ODD_LINES + sentences[:200] if line.isascii()] + ["Tab\tand\rreturn", "\x7f del", "A.B,C;D"]
+    assert not any(map(corpus.is_plain, ["Tab\there", "\x01", "\x7f", "Café", "日本"]))
+    lines = [line for line in ODD_LINES + sentences[:200] if corpus.is_plain(line)] + ["A.B,C;D ~x~ `q` {}|\\"]
+    assert len(lines) > 150
     for lowercase in (True, False):
         tokenizer = corpus.WordPieceTokenizer.from_vocab(vocab, lowercase)
         full = tokenizer.backend_tokenizer.encode_batch_fast(lines, add_special_tokens=False)
         twin = tokenizer.encode_batch(lines, [True] * len(lines))
         assert [e.ids for e in twin] == [e.ids for e in full]
-        assert tokenizer.ascii_backend.normalizer.__class__ is normalizers.BertNormalizer
     other = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     other.normalizer = normalizers.Lowercase()
-    assert corpus.WordPieceTokenizer(other, True).ascii_backend is None
+    assert corpus.WordPieceTokenizer(other, True).plain_backend is None
 
 
 def test_a_vocabulary_without_sep_is_tokenized_sentence_by_sentence():

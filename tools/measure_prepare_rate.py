@@ -13,7 +13,10 @@ to its exit: interpreter start-up, imports, every pass, the collectives between 
 metadata and the exit. Rates are input bytes per second; a pair's fraction is (a)'s time
 over (b)'s, and the medians of the pairs are reported (the pairs of a round take turns going
 first). Other options are passed to the preparation (default: the script's own, e.g.
---dupe-factor 5).
+--dupe-factor 5). The process of (a) then times (c), the preparation's own tokenizer calls alone
+over the same documents (sentences joined 32 to an input, plain text to the tokenizer's twin:
+bert_prepare.Batch), untimed set-up, the ids neither cut apart nor stored: (c)/(b) is how close
+the whole process comes to the tokenizing it cannot avoid.
 
 On a shared machine: before each pair the tool waits (up to PATIENCE s) until the rest of the
 machine has used under QUIET of a core for SETTLED s, and a pair is quiet when it stayed so
@@ -42,6 +45,7 @@ import time
 from pathlib import Path
 
 from hvdtrain.data import bert_corpus as corpus
+from hvdtrain.data import bert_prepare as prepare
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "prepare_bert_data.py"
 STAGE = re.compile(r"([a-z][a-z0-9 -]*?) (\d+(?:\.\d+)?) s\b")
@@ -68,16 +72,25 @@ def make_vocabulary(directory, vocab_size):
 
 
 def tokenizer_alone(vocab, paths, batch):
-    """(a), run in its own process: seconds and CPU-seconds of encode_batch_fast over every line."""
+    """(a), run in its own process: seconds and CPU-seconds of encode_batch_fast over every line;
+    then (c): seconds of the preparation's own tokenizer calls over the same documents (its joined
+    sentences and plain-text twin, bert_prepare.Batch), the ids neither cut apart nor stored."""
     tokenizer = corpus.WordPieceTokenizer.load(vocab, True)
-    lines = [s for path in paths for d in corpus.read_documents(path) for s in d]
+    documents = [d for path in paths for d in corpus.read_documents(path)]
+    lines = [s for d in documents for s in d]
     backend, seconds, cpu = tokenizer.backend_tokenizer, 0.0, 0.0
     for first in range(0, len(lines), batch):
         start, start_cpu = time.perf_counter(), time.process_time()
         backend.encode_batch_fast(lines[first:first + batch], add_special_tokens=False)
         seconds += time.perf_counter() - start
         cpu += time.process_time() - start_cpu
-    print(json.dumps({"seconds": seconds, "cpu": cpu, "lines": len(lines)}))
+    tokenizer.plain_backend  # made before the clock starts, as the preparation makes it before its passes
+    batches = [prepare.Batch(group, tokenizer) for group in prepare.batches(iter(documents), batch)]
+    start = time.perf_counter()
+    for made in batches:
+        made.encoded()
+    own = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "lines": len(lines), "own_seconds": own}))
 
 
 def busy_cpu_seconds():
@@ -206,6 +219,7 @@ def main():
             seconds, cpu, others, output = timed(alone_command, env)
             result = json.loads(output.splitlines()[-1])
             alone = Run(result["seconds"], result["cpu"], others, seconds, {})
+            alone.own_seconds = result["own_seconds"]
             out = work / "out"
             shutil.rmtree(out, ignore_errors=True)
             launcher = ["mpirun", "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
@@ -220,12 +234,14 @@ def main():
             print(f"{time.strftime('%H:%M:%S')} round {round_index + 1}, {ranks} rank(s) {script}: "
                   f"(a) {alone.seconds:.2f} s {size / alone.seconds:.2f} MB/s, others {alone.others_load():.2f} cores; "
                   f"(b) {whole.seconds:.2f} s {size / whole.seconds:.2f} MB/s, {whole.cpu:.1f} CPU-s, others "
-                  f"{whole.others_load():.2f} cores; fraction {alone.seconds / whole.seconds:.3f}"
+                  f"{whole.others_load():.2f} cores; fraction {alone.seconds / whole.seconds:.3f}, "
+                  f"(c) {alone.own_seconds:.2f} s, (c)/(b) {alone.own_seconds / whole.seconds:.3f}"
                   f"{' (quiet)' if quiet((alone, whole)) else ''}; "
                   f"{', '.join(f'{k} {v:g} s' for k, v in whole.stages.items())}", flush=True)
         round_index += 1
 
-    print(f"\n(a): encode_batch_fast alone, batches of {args.batch} lines, on every CPU; (b): the whole process. "
+    print(f"\n(a): encode_batch_fast alone, batches of {args.batch} lines, on every CPU; (b): the whole process; "
+          "(c): the preparation's own tokenizer calls alone (joined sentences, plain-text twin), on every CPU. "
           f"Quiet: the rest of the machine used under {QUIET} of a core during both (a) and (b).")
     for (script, ranks), results in pairs.items():
         print(f"{ranks} rank(s), {script}:")
@@ -237,7 +253,9 @@ def main():
             fractions = [x.seconds / y.seconds for x, y in chosen]
             print(f"    {name} ({len(chosen)}): (a) median {size / a:.2f} MB/s, (b) median {size / b:.2f} MB/s "
                   f"({median([r[1].cpu for r in chosen]):.1f} CPU-s); fraction (a)/(b) median "
-                  f"{median(fractions):.3f} (rounds: {' '.join(f'{f:.3f}' for f in fractions)})")
+                  f"{median(fractions):.3f} (rounds: {' '.join(f'{f:.3f}' for f in fractions)}); (c) median "
+                  f"{size / median([r[0].own_seconds for r in chosen]):.2f} MB/s, fraction (c)/(b) median "
+                  f"{median([x.own_seconds / y.seconds for x, y in chosen]):.3f}")
             names = [n for n in dict.fromkeys(k for r in chosen for k in r[1].stages) if n != "in"]
             parts = [f"{n} {median([r[1].stages.get(n, 0.0) for r in chosen]):.2f}" for n in names]
             if all("in" in r[1].stages for r in chosen):  # the script's own total (since its process started)

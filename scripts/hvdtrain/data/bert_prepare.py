@@ -194,8 +194,9 @@ class Batch:
     (an Encoding each, made in Rust, then in Python, then freed), and the ids are those of
     the sentences one by one: the tokenizer splits its input at [SEP] before anything else,
     and the separator's spaces are dropped as any whitespace between words is. A run in which
-    some sentence holds "[SEP]" itself is given sentence by sentence. Runs do not mix ASCII and
-    other sentences: an ASCII input goes to the tokenizer's faster ASCII twin (encode_batch)."""
+    some sentence holds "[SEP]" itself is given sentence by sentence. Runs do not mix plain
+    sentences (printable ASCII) and others: a plain input goes to the tokenizer's faster twin
+    (WordPieceTokenizer.encode_batch)."""
 
     def __init__(self, documents, tokenizer, group=None):
         self.counts = [len(document) for document in documents]
@@ -230,8 +231,8 @@ class Batch:
 
 
 def same_kind_runs(lines, group):
-    """(run, ascii): consecutive ``lines`` in runs of up to ``group``, each all ASCII or all not."""
-    for plain, lines_of_kind in itertools.groupby(lines, str.isascii):
+    """(run, plain): consecutive ``lines`` in runs of up to ``group``, each all plain text or all not."""
+    for plain, lines_of_kind in itertools.groupby(lines, corpus.is_plain):
         lines_of_kind = list(lines_of_kind)
         for first in range(0, len(lines_of_kind), group):
             yield lines_of_kind[first:first + group], plain
