@@ -144,6 +144,7 @@ def ddp_main(args):
 
     run_loop(args, model, optimizer, torch_dist.get_rank(), torch_dist.get_world_size(),
              barrier=torch_dist.barrier, slowest=slowest, mean=mean)
+    torch_dist.barrier()  # no rank tears Gloo down while another still reduces (one aborted so)
     torch_dist.destroy_process_group()
 
 
