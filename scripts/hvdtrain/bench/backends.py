@@ -19,7 +19,7 @@ import torch
 import torch.distributed as torch_dist
 import horovod.torch as hvd
 
-from hvdtrain.runtime import collectives, dist
+from hvdtrain.runtime import collectives, dist, host_memory
 from hvdtrain.errors import UsageError
 from hvdtrain.launch.mpi_world import launched_size
 
@@ -92,6 +92,7 @@ class DdpBackend:
                                       world_size=self.size)
         self.threads = threads_for(self.local_size, args.threads)
         torch.set_num_threads(self.threads)
+        host_memory.keep_freed_memory()  # as dist.setup does for Horovod: compare measures the communication
 
     def wrap(self, module, named_parameters, optimizer):
         ids = [self.device.index] if self.device.type == "cuda" else None

@@ -20,7 +20,7 @@ import horovod.torch as hvd
 from hvdtrain import testhooks
 from hvdtrain.errors import UsageError
 from hvdtrain.liveness import failures, peers, recorder as flight, watchdog as watchdog_module
-from hvdtrain.runtime import collectives, horovod_profile
+from hvdtrain.runtime import collectives, horovod_profile, host_memory
 
 # HOROVOD_CYCLE_TIME (ms) under the Gloo controller (horovodrun --gloo, --elastic) unless
 # set. Gloo negotiates over TCP, about 1 ms of a rank's CPU a cycle; with the setup's
@@ -163,6 +163,9 @@ def setup(use_cuda=True, threads=None, elastic=False):
         threads = max(1, (os.cpu_count() or 1) // hvd.local_size())
     if threads:
         torch.set_num_threads(threads)
+    # A step's freed host memory kept for the next one, not given back to the kernel and faulted
+    # in again (host_memory.py; a user's MALLOC_* setting wins).
+    host_memory.keep_freed_memory()
 
     ctx = Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
                   device=device, watchdog=watchdog_module.from_env(hvd.rank()))
