@@ -16,8 +16,8 @@ one fixed synthetic CIFAR-size batch per rank (--batch-size images, fp32), SGD w
   mpirun), ``hvd.DistributedOptimizer`` and ``hvd.broadcast_parameters``, in one of two
   --settings: ``plain``, a user's ``hvd.init()``, nothing else; ``trainers``, Horovod started
   the way train_cnn.py and pretrain_bert.py start it (``hvdtrain.runtime.dist.init``: the
-  controller's variables, hvd.init(), the threads rule, the watchdog and the heartbeat, the
-  watchdog told of every step) and their gradients in fixed buckets
+  controller's variables, hvd.init(), the threads rule, the host-memory setting, the watchdog
+  and the heartbeat, the watchdog told of every step) and their gradients in fixed buckets
   (``dist.fixed_gradient_buckets``, which the Gloo controller's 50 ms cycle on a CPU assumes).
 
 A round runs each kind once, the kinds taking turns going first; reported: every round's
@@ -26,7 +26,9 @@ used during each run (from /proc/stat, less the run's own). On a shared machine 
 waits (up to --patience s) until the rest of the machine uses under --quiet of a core, and the
 medians are given over every round and over the quiet ones (no run disturbed).
 ``--env NAME=VALUE`` sets a variable for the Horovod runs (a Horovod knob: it wins over the
-trainers' defaults, as in the trainers). The ``horovod`` and ``ddp`` modes are the programs
+trainers' defaults, as in the trainers). ``--ddp-host-memory`` adds DDP with the trainers'
+host-memory setting (runtime/host_memory.py) as a third kind: Horovod against it is the
+communication's difference alone. The ``horovod`` and ``ddp`` modes are the programs
 the rounds launch (one JSON line from rank 0).
 """
 import argparse
@@ -42,6 +44,7 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve()
 PREFIX = "RESULT "
+KEPT = "ddp host-memory"  # DDP with the trainers' host-memory setting (--ddp-host-memory)
 
 
 # ============================================================================= the two programs
@@ -129,6 +132,9 @@ def ddp_main(args):
     torch_dist.init_process_group("gloo")  # env:// from torchrun
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.ddp_host_memory:  # the trainers' host-memory setting (hvdtrain/runtime/host_memory.py), nothing else
+        from hvdtrain.runtime import host_memory
+        host_memory.keep_freed_memory()
     model, optimizer = build(args)
     model = torch.nn.parallel.DistributedDataParallel(model)
 
@@ -169,6 +175,8 @@ def commands(args):
     env = dict(item.split("=", 1) for item in args.env)
     kinds = {"ddp": ([beside_python("torchrun"), "--standalone", "--nproc-per-node", str(args.np), str(SCRIPT),
                       "ddp", *loop_args(args)], {})}
+    if args.ddp_host_memory:
+        kinds["ddp host-memory"] = ([*kinds["ddp"][0], "--ddp-host-memory"], {})
     for settings in args.settings:
         kinds[f"horovod {settings}"] = ([*launcher, sys.executable, str(SCRIPT), "horovod",
                                          *loop_args(args, settings)], env)
@@ -236,6 +244,8 @@ def compare(args):
         cells = [f"{name} {parts[name][0]['images_per_sec']:.1f} (CPU ms/step {cpu_cell(parts[name][0])}, "
                  f"others {parts[name][1]:.2f})" for name in names]
         ratios = ", ".join(f"{name}/ddp {rates[name][-1] / ddp:.3f}" for name in names if name != "ddp")
+        ratios += "".join(f", {name}/ddp host-memory {rates[name][-1] / rates[KEPT][-1]:.3f}"
+                          for name in names if KEPT in rates and name.startswith("horovod"))
         quiet.append(all(others < args.quiet for _, others in parts.values()))
         print(f"round {round_ + 1}{'' if quiet[-1] else ' (disturbed)'}: " + "; ".join(cells) + f"; {ratios}",
               flush=True)
@@ -247,11 +257,14 @@ def compare(args):
             calm = [r for r, q in zip(per_round, quiet) if q]
             summary["ratios"][name] = {"median": statistics.median(per_round), "rounds": per_round,
                                        "quiet_median": statistics.median(calm) if calm else None}
+    for name in (n for n in names if KEPT in rates and n.startswith("horovod")):
+        per_round = [h / d for h, d in zip(rates[name], rates[KEPT])]
+        summary["ratios"][f"{name} / {KEPT}"] = {"median": statistics.median(per_round), "rounds": per_round}
     print("medians: " + ", ".join(f"{name} {rate:.1f} images/s" for name, rate in summary["medians"].items()))
     for name, ratio in summary["ratios"].items():
-        calm = (f"; quiet rounds ({sum(quiet)}) {ratio['quiet_median']:.3f}" if ratio["quiet_median"] is not None
-                else "; no quiet round")
-        print(f"{name} / ddp: median {ratio['median']:.3f} "
+        calm = (f"; quiet rounds ({sum(quiet)}) {ratio['quiet_median']:.3f}" if ratio.get("quiet_median") is not None
+                else "; no quiet round" if "quiet_median" in ratio else "")
+        print(f"{name}{'' if ' / ' in name else ' / ddp'}: median {ratio['median']:.3f} "
               f"(rounds {', '.join(f'{r:.3f}' for r in ratio['rounds'])}){calm}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), **summary}, indent=1) + "\n")
@@ -267,6 +280,9 @@ def parse_args():
     parser.add_argument("--mpirun-args", default="", help="more mpirun options with --launcher mpirun")
     parser.add_argument("--settings", nargs="+", choices=["plain", "trainers"], default=["trainers"],
                         help="Horovod started by a plain hvd.init() or as the trainers start it; one run each a round")
+    parser.add_argument("--ddp-host-memory", action="store_true",
+                        help="also run DDP with the trainers' host-memory setting (runtime/host_memory.py), and "
+                             "compare Horovod with it too: the difference left is the communication's")
     parser.add_argument("--np", type=int, default=2, help="ranks of each run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank, both sides (0: leave them)")
     parser.add_argument("--batch-size", type=int, default=32, help="images per rank and step")
