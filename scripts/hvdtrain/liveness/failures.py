@@ -78,8 +78,7 @@ def report(error):
     # A lost node fails the collective on every survivor at once: one line (rank 0's) for the job;
     # so does a mismatch Horovod found, every rank's side of it in that line.
     witness = _witness if is_peer_failure(error) or is_mismatch(error) else None
-    if flight.RECORDER is not None:
-        flight.RECORDER.dump(f"{type(error).__name__} after step {_last_step}")
+    flight.dump(f"{type(error).__name__} after step {_last_step}")
     if witness is None:
         detail = "" if not is_mismatch(error) else flight.sides({flight.RECORDER.rank: flight.RECORDER.status()}) if flight.RECORDER else ""
     else:

@@ -195,6 +195,29 @@ def install(rank):
     return RECORDER
 
 
+# This process's recorder, where there is one: the calls the runtime and the liveness code make
+# whether recording is on or off (HVDTRAIN_FLIGHT_RECORDER=0: each does nothing).
+def dump(reason):
+    """The recorder's dump (its path), or None without a recorder."""
+    return RECORDER.dump(reason) if RECORDER is not None else None
+
+
+def note_step(number):
+    if RECORDER is not None:
+        RECORDER.step = number
+
+
+def note_world(rank):
+    if RECORDER is not None:
+        RECORDER.new_world(rank)
+
+
+def dump_into(directory):
+    """Dumps go to ``directory`` from now on."""
+    if RECORDER is not None:
+        RECORDER.dump_dir = directory
+
+
 def main_thread_place():
     """(waiting in Horovod?, "file:line in function" of its innermost frame, what it does outside a
     collective: "data loader" or "compute") of the main thread."""

@@ -83,8 +83,7 @@ class Watchdog:
             self.recent.append(now - self.last_beat)  # not the first step: it may compile
         self.step_number = number if number is not None else (self.step_number or 0) + 1
         self.last_beat = now
-        if flight.RECORDER is not None:
-            flight.RECORDER.step = self.step_number
+        flight.note_step(self.step_number)
         failures.note_step(self.step_number)
         testhooks.after_step(self.rank, self.step_number)  # test-only fault injection (HVDTRAIN_FAULT)
 
@@ -211,8 +210,7 @@ class Watchdog:
 
     def _dump(self, reason):
         """This rank's recent collectives, written beside the run's output (recorder.dump)."""
-        if flight.RECORDER is not None:
-            flight.RECORDER.dump(f"{reason} after step {self.step_number}")
+        flight.dump(f"{reason} after step {self.step_number}")
 
     def _missing(self):
         """A listener's "not heard from ranks ... (all 4 on node-d) ...", else ""."""

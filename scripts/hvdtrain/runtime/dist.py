@@ -65,8 +65,7 @@ class Context:
         self.rank, self.size, self.local_rank, self.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
         self.watchdog.rank = self.rank
         self.gathered_placement = None  # another world: gathered again where it is needed
-        if flight.RECORDER is not None:
-            flight.RECORDER.new_world(self.rank)
+        flight.note_world(self.rank)
 
 
 def _this_rank(ctx):

@@ -90,8 +90,7 @@ class Run:
         """
         self.ctx.follow_world()
         self.stragglers.new_world(self.ctx.rank, self.ctx.size)
-        if flight.RECORDER is not None:  # a hang's or a failure's record of collectives lands beside the run's
-            flight.RECORDER.dump_dir = Path(self.settings.output_dir) / flight.DUMP_DIR
+        flight.dump_into(Path(self.settings.output_dir) / flight.DUMP_DIR)  # a hang's record lands beside the run's
         if self.commits.started:
             self._log_follows_rank_0()
             begun = "reset"
@@ -232,8 +231,7 @@ class Run:
         """A stop before the end, after its checkpoint (``save(stopping=True)``): the results so far,
         and how to go on."""
         self._write_results({**results, "completed": False})
-        if flight.RECORDER is not None:
-            flight.RECORDER.dump(f"stopped by {reason} at step {self.state.step}")
+        flight.dump(f"stopped by {reason} at step {self.state.step}")
         # The command to print resumes: no --no-resume (it deletes the checkpoint), no --stop-after.
         self.log.info(f"stopped by {reason} at step {self.state.step}: checkpoint written to "
                       f"{self.settings.output_dir}; to continue, relaunch with the same launcher: "
