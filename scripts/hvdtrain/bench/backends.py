@@ -154,6 +154,7 @@ class SingleBackend:
         self.device = pick_device(args.cpu, 0)
         self.threads = threads_for(1, args.threads)
         torch.set_num_threads(self.threads)
+        host_memory.keep_freed_memory()  # as every other kind of the comparison
 
     def wrap(self, module, named_parameters, optimizer):
         return module, optimizer
