@@ -156,6 +156,68 @@ def test_a_killed_worker_on_a_host_with_three_slots_is_restarted_without_waiting
     assert resets["max_s"] < GLOO_TIMEOUT_SECONDS, resets
 
 
+STANDBY = REPO / "tests" / "workers" / "standby.py"
+LATE_START_SECONDS = 6  # a worker started while the job trains takes this long to reach hvd.init()
+
+
+def standby_steps(out, rank):
+    """(time, pid, world size) of each step ``rank`` took (tests/workers/standby.py)."""
+    return [(float(t), int(pid), int(size)) for t, pid, size in
+            (line.split() for line in (out / f"steps-rank{rank}.txt").read_text().splitlines())]
+
+
+def started_as(out, pid):
+    return int((out / f"started-{pid}.txt").read_text())
+
+
+def longest_pause(steps):
+    return max(b[0] - a[0] for a, b in zip(steps, steps[1:]))
+
+
+def test_a_slot_added_to_a_running_job_is_filled_by_a_worker_started_ahead(need_horovod, tmp_path):
+    """The hostfile grows from one slot to two while the job trains. Horovod's driver (the
+    project's patch) starts the new slot's worker at once, standing by in hvd.init() for its
+    slot, and tells the running worker of the new slot only once it stands by: the reset that
+    lets it in waits for its rendezvous, not for its start. The joiner takes 6 s to start (a
+    stand-in for imports on a loaded node); the running worker steps on meanwhile. Upstream
+    started the worker in that reset, and the running worker waited out its whole start."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "localhost slots=1")
+    wait_then(lambda: (out / "training").exists(), lambda: write_hosts(hostfile, "localhost slots=2"), 120)
+    ran = ok(launch(elastic_command(hostfile, 1, [STANDBY, out, LATE_START_SECONDS], extra=["--max-np", "2"]),
+                    timeout=180))
+    first, joined = standby_steps(out, 0), standby_steps(out, 1)
+    assert first[-1][2] == 2 and started_as(out, joined[0][1]) == -1, ran.describe()  # started ahead
+    joiner_started = (out / f"started-{joined[0][1]}.txt").stat().st_mtime
+    alone_meanwhile = [t for t, _, size in first if size == 1 and t > joiner_started]
+    assert len(alone_meanwhile) >= 10 and longest_pause(first) < LATE_START_SECONDS - 2, \
+        (len(alone_meanwhile), round(longest_pause(first), 2), ran.describe())
+
+
+def test_a_lost_workers_slot_goes_to_a_spare_standing_by(need_horovod, tmp_path):
+    """HOROVOD_ELASTIC_SPARES=1: the driver keeps a worker standing by on the host. Rank 1 is
+    SIGKILLed; the spare takes its slot in the next world, which so waits for no worker's start
+    (a new worker would take 6 s here), and a new spare is started behind it."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "localhost slots=2")
+    killed = []
+
+    def rank_1_trained():
+        path = out / "steps-rank1.txt"
+        return path.exists() and len(path.read_text().splitlines()) >= 10
+
+    wait_then(rank_1_trained, lambda: killed.append(os.kill(standby_steps(out, 1)[-1][1], signal.SIGKILL)), 120)
+    ran = ok(launch(elastic_command(hostfile, 2, [STANDBY, out, LATE_START_SECONDS]), timeout=180,
+                    env={"HOROVOD_ELASTIC_SPARES": "1"}))
+    assert killed, ran.describe()
+    rank_1 = standby_steps(out, 1)
+    before, after = rank_1[0][1], rank_1[-1][1]
+    assert before != after and started_as(out, after) == -1, (before, after, ran.describe())  # the spare
+    first = standby_steps(out, 0)
+    assert first[-1][2] == 2 and longest_pause(first) < LATE_START_SECONDS - 2, \
+        (round(longest_pause(first), 2), ran.describe())
+
+
 @pytest.mark.scale  # test_four_nodes.py's elastic test kills a whole node's ranks across hosts
 def test_a_killed_worker_on_another_host(need_horovod, two_hosts, tmp_path):
     """Across two hosts (ssh to hvd-b): SIGKILL the rank on hvd-b mid-epoch; hvd-a finishes alone."""

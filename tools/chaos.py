@@ -31,6 +31,13 @@ each fault ends in one line, launched again at once by the tool and resuming fro
 its newest checkpoint, as a relaunch loop or Slurm's requeue would; its run
 without faults is that fixed-size job's.
 
+`--spares N` has every host keep N workers standing by (HOROVOD_ELASTIC_SPARES, the
+project's Horovod patch): a lost worker's slot goes to one of them, and the next world
+waits for no worker's start. A host that returns is let in once its new workers stand by
+(always, the patch's standby workers); the report's `joins` gives each larger world's
+pause. A worker still starting or standing by (named hvd-standby) is not yet in the job
+and no fault hits it.
+
 `--hosts H` spreads the slots over H simulated hosts (tests/support/hosts.py: network
 namespaces on one bridge, each with its own address, host name and sshd; horovodrun
 starts the other hosts' workers over ssh, as on a cluster; root); `--fault host`
@@ -103,6 +110,9 @@ def parse_args(argv=None):
                         help="what a fault kills: a random worker, or every worker of a random host (--hosts)")
     parser.add_argument("--return-after", type=int, default=5, metavar="SECONDS",
                         help="--fault host: seconds until a lost host is listed again (the blacklist cooldown)")
+    parser.add_argument("--spares", type=int, default=0, metavar="N",
+                        help="workers each host keeps standing by to take a lost worker's slot "
+                             "(HOROVOD_ELASTIC_SPARES; the elastic path)")
     parser.add_argument("--seed", type=int, default=1, help="the schedule's seed (which rank, when)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds before a run is killed")
     parser.add_argument("--json", type=Path, help="write the report here")
@@ -128,14 +138,45 @@ def job(args, out):
 
 
 def worker_pids(out, ranks):
-    """The job's rank processes (by the rank each was started as: a survivor keeps its first)."""
-    return sorted({pid for rank in range(ranks) for pid in rank_pids(str(out), rank)})
+    """Every process of the job's workers: by the rank each was started as (a survivor keeps
+    its first; a worker started ahead of a joining host's world, standing by for its slot, -1)."""
+    return sorted({pid for rank in range(-1, ranks) for pid in rank_pids(str(out), rank)})
+
+
+def standing_by(pid):
+    """A worker started ahead of its world (Horovod's driver, the project's patch) names itself
+    hvd-standby while it waits for its slot."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "hvd-standby"
+    except OSError:
+        return False
+
+
+class Workers:
+    """The workers a fault may hit: those started into a world, and those started ahead (rank
+    -1) once the driver has given them their slot: seen standing by, then no longer. A worker
+    still importing or standing by is not yet in the job."""
+
+    def __init__(self, out, ranks, done):
+        self.out, self.ranks, self.done = str(out), ranks, done
+        self.seen_standing_by = set()
+        threading.Thread(target=self.watch, daemon=True).start()
+
+    def watch(self):
+        while not self.done.wait(0.2):
+            self.seen_standing_by.update(pid for pid in rank_pids(self.out, -1) if standing_by(pid))
+
+    def pids(self):
+        started = {pid for rank in range(self.ranks) for pid in rank_pids(self.out, rank)}
+        joined = {pid for pid in rank_pids(self.out, -1) if pid in self.seen_standing_by and not standing_by(pid)}
+        return sorted(started | joined)
 
 
 class Place:
     """Where the job runs: this machine, or --hosts simulated hosts (the launcher on the first)."""
 
     def __init__(self, args):
+        self.env = {**ENV, "HOROVOD_ELASTIC_SPARES": str(args.spares)}
         self.slots = args.ranks // max(1, args.hosts)
         self.hosts = None
         if args.hosts:
@@ -149,8 +190,8 @@ class Place:
 
     def launch(self, command, timeout, **timeline):
         if self.hosts:
-            return Timed(self.hosts.on_first(command), {**ENV, **self.hosts.env()}, timeout, **timeline)
-        return Timed(command, ENV, timeout, **timeline)
+            return Timed(self.hosts.on_first(command), {**self.env, **self.hosts.env()}, timeout, **timeline)
+        return Timed(command, self.env, timeout, **timeline)
 
     def host_of(self, pid):
         """The host ``pid`` runs on (its network namespace), None where it is gone."""
@@ -176,6 +217,7 @@ class Schedule:
         self.place = place
         self.kills = []  # seconds since the launch
         self.done = threading.Event()
+        self.workers = Workers(out, args.ranks, self.done)
         self.thread = threading.Thread(target=self.inject, daemon=True)
         self.thread.start()
 
@@ -209,9 +251,9 @@ class Schedule:
     def kill_one(self):
         """SIGKILL a random worker, or every worker of a random host (--fault host); the relaunch
         path: once the next launch has them. False where none was found."""
-        pids = worker_pids(self.out, self.args.ranks)
+        pids = self.workers.pids()
         while not pids and self.args.relaunch and not self.done.wait(0.1):
-            pids = worker_pids(self.out, self.args.ranks)
+            pids = self.workers.pids()
         if not pids:
             return False
         if self.args.fault == "host":
@@ -302,6 +344,27 @@ def fault_record(lines, kill_at, next_kill_at, ranks):
             "said": printed[:5]}
 
 
+def join_records(lines):
+    """Each world larger than the one before (a refilled slot, a host back): when it formed,
+    its size, and the pause it cost the workers already training (the last step before it
+    to the first after it)."""
+    joins, size, last_step = [], None, None
+    for i, (t, line) in enumerate(lines):
+        if PROGRESS.search(line):
+            last_step = t
+            continue
+        world = WORLD.search(line)
+        if not world:
+            continue
+        new = int(world.group(1))
+        if size is not None and new > size and last_step is not None:
+            after, _ = first_after(lines[i:], t, PROGRESS)
+            joins.append({"at_s": round(t, 2), "size": new,
+                          "pause_s": None if after is None else round(after - last_step, 2)})
+        size = new
+    return joins
+
+
 def steps_run_again(lines):
     """For each reset or relaunch: the steps between the last one finished and the commit or
     checkpoint it went back to (the progress line's step going back)."""
@@ -315,9 +378,13 @@ def steps_run_again(lines):
     return again
 
 
-def samples_off(out, epochs):
+def metric_rows(out):
     path = out / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def samples_off(out, epochs):
+    rows = metric_rows(out)
     by_epoch = {row["epoch"]: row["train_samples"] for row in rows}
     return sum(abs(by_epoch.get(epoch, 0) - DIGITS_TRAIN) for epoch in range(1, epochs + 1))
 
@@ -360,7 +427,9 @@ def report_run(run, out, args, kills, baseline_seconds, baseline_model):
             "longest_pause_s": longest_pause(run.lines),
             "samples_lost_or_twice": samples_off(out, args.epochs),
             "weights_max_difference": largest_difference(final_model(out), baseline_model),
+            "final_val_top1": next((row.get("val_top1") for row in reversed(metric_rows(out))), None),
             "fault_records": [fault_record(run.lines, at, bounds[i + 1], args.ranks) for i, at in enumerate(kills)],
+            "joins": join_records(list(run.lines)),
             "timeline": [(round(t, 2), int(m.group(1))) for t, line in run.lines for m in [PROGRESS.search(line)] if m]}
 
 
@@ -421,7 +490,7 @@ def main(argv=None):
     report = {"ranks": args.ranks, "epochs": args.epochs, "global_batch": args.global_batch,
               "commit_every": args.commit_every, "seed": args.seed, "one_at_a_time": args.one_at_a_time,
               "path": "relaunch" if args.relaunch else "elastic",
-              "then_after_s": args.then_after, "hosts": args.hosts, "fault": args.fault,
+              "then_after_s": args.then_after, "hosts": args.hosts, "fault": args.fault, "spares": args.spares,
               "return_after_s": args.return_after if args.fault == "host" else None,
               "runs": rows}
     if args.json:
