@@ -135,7 +135,7 @@ OTHER_PROGRAMS = {
     "tools/link_study.py": {"--hosts", "--rates", "--models", "--fusion-mb", "--rounds", "--summarize-only"},
     "tools/scale_study.py": {"--ranks", "--hosts", "--steps", "--no-elastic", "--elastic-only", "--json"},
     "tools/chaos.py": {"--ranks", "--interval", "--epochs", "--faults", "--one-at-a-time", "--then-after",
-                       "--relaunch", "--hosts", "--fault", "--return-after", "--seed", "--json", "--plot"},
+                       "--relaunch", "--hosts", "--fault", "--return-after", "--spares", "--seed", "--json", "--plot"},
     "tools/measure_optimizer_step.py": {"--device", "--compare"},
     "tools/measure_checkpoint_stall.py": {"--every", "--checkpoints", "--dir"},
     "tools/measure_image_pipeline.py": {"--image-size", "--loader-workers", "--trainer-model", "--data", "--rounds",
