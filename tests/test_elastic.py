@@ -27,7 +27,7 @@ from support.checks import ok, one_error_line, only_an_error_line
 from support.commands import SLOW_RANK_WATCH, SLOW_SHARE
 from support.elastic_jobs import elastic_command, world_sizes, write_hosts
 from support.launch import REPO, SCRIPTS, launch, python, wait_then
-from support.ranks import cpu_share, require_cpu_cgroup
+from support.ranks import cpu_share, rank_pids, require_cpu_cgroup, standing_by
 from support.hosts import INTERFACE  # the two_hosts session fixture comes from conftest
 
 DIGITS_TRAIN = 1438  # digits samples left for training by the fixed validation split
@@ -202,11 +202,12 @@ def test_a_lost_workers_slot_goes_to_a_spare_standing_by(need_horovod, tmp_path)
     write_hosts(hostfile, "localhost slots=2")
     killed = []
 
-    def rank_1_trained():
+    def rank_1_trained_and_the_spare_stands_by():
         path = out / "steps-rank1.txt"
-        return path.exists() and len(path.read_text().splitlines()) >= 10
+        return (path.exists() and len(path.read_text().splitlines()) >= 10
+                and any(standing_by(pid) for pid in rank_pids(str(out), -1)))
 
-    wait_then(rank_1_trained, lambda: killed.append(os.kill(standby_steps(out, 1)[-1][1], signal.SIGKILL)), 120)
+    wait_then(rank_1_trained_and_the_spare_stands_by, lambda: killed.append(os.kill(standby_steps(out, 1)[-1][1], signal.SIGKILL)), 120)
     ran = ok(launch(elastic_command(hostfile, 2, [STANDBY, out, LATE_START_SECONDS]), timeout=180,
                     env={"HOROVOD_ELASTIC_SPARES": "1"}))
     assert killed, ran.describe()

@@ -73,7 +73,7 @@ from support.launch import Timed
 from support.commands import CNN
 from support.elastic_jobs import elastic_command, write_hosts
 from support.hosts import INTERFACE, Hosts, require_hosts
-from support.ranks import rank_pids
+from support.ranks import rank_pids, standing_by
 
 DIGITS_TRAIN = 1438  # the digits samples train_cnn.py trains on (its fixed validation split aside)
 PROGRESS = re.compile(r"progress: step (\d+)/(\d+)")
@@ -141,15 +141,6 @@ def worker_pids(out, ranks):
     """Every process of the job's workers: by the rank each was started as (a survivor keeps
     its first; a worker started ahead of a joining host's world, standing by for its slot, -1)."""
     return sorted({pid for rank in range(-1, ranks) for pid in rank_pids(str(out), rank)})
-
-
-def standing_by(pid):
-    """A worker started ahead of its world (Horovod's driver, the project's patch) names itself
-    hvd-standby while it waits for its slot."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() == "hvd-standby"
-    except OSError:
-        return False
 
 
 class Workers:

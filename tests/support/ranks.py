@@ -28,6 +28,15 @@ def rank_pids(marker, rank):
     return pids
 
 
+def standing_by(pid):
+    """Whether ``pid`` is an elastic worker started ahead of its world, waiting in hvd.init()
+    for its slot (the project's Horovod patch names it hvd-standby meanwhile)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "hvd-standby"
+    except OSError:
+        return False
+
+
 def require_cpu_cgroup():
     require((CPU_CGROUP / "cpu.cfs_quota_us").is_file() and os.access(CPU_CGROUP, os.W_OK),
             "a writable cgroup v1 CPU controller at /sys/fs/cgroup/cpu (for a real slow rank)",
