@@ -101,3 +101,24 @@ def test_a_worker_lost_while_it_waits_at_the_registration_barrier_raises_nothing
         thread.join(timeout=10)
     assert driver.resumed.is_set() and registry.get(FAILURE) == {("node1", 0)}, registry.get_recorded_slots()
     assert not raised, raised
+
+
+def test_a_request_whose_worker_died_meanwhile_prints_no_traceback(need_horovod, capsys):
+    """A worker killed while the store answered it (mid-rendezvous, or with a standby worker's
+    request held open for its slot): socketserver printed the broken pipe's traceback (about 20
+    lines) into the job's output, seen at a fault every 15 s. Other errors are still printed."""
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    server = RendezvousHTTPServer(("127.0.0.1", 0), RendezvousHandler, 0)
+    try:
+        for error in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "Connection reset by peer"),
+                      ValueError("a bug")):
+            try:
+                raise error
+            except Exception:
+                server.handle_error(None, ("10.79.0.4", 41668))
+    finally:
+        server.server_close()
+    printed = capsys.readouterr().err
+    assert "BrokenPipeError" not in printed and "ConnectionResetError" not in printed, printed
+    assert "ValueError: a bug" in printed, printed

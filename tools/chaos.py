@@ -80,6 +80,7 @@ PROGRESS = re.compile(r"progress: step (\d+)/(\d+)")
 # What first says a fault was seen: the elastic reset's line, or the fixed-size job's one error line.
 DETECTED = re.compile(r"elastic: a worker was lost\b.*; back to the last commit|: error: ")
 WORLD = re.compile(r"(\d+) workers? x batch")
+EPOCH = re.compile(r"epoch \d+ step \d+ lr ")  # an epoch's summary line: training, not a fault's
 ENV = {"HVDTRAIN_PROGRESS_SECONDS": "0.001",  # a progress line every step: the timeline
        "HOROVOD_ELASTIC_HOST_FAILURE_LIMIT": "1000000"}
 
@@ -325,7 +326,8 @@ def fault_record(lines, kill_at, next_kill_at, ranks):
     stepped, _ = first_after(lines, reformed, PROGRESS) if reformed is not None else (None, None)
     recovered = min(next_kill_at, stepped if stepped is not None else next_kill_at)
     printed = [line for t, line in lines if kill_at <= t < recovered
-               and not PROGRESS.search(line) and not WORLD.search(line)]
+               and not PROGRESS.search(line) and not WORLD.search(line)
+               and not EPOCH.search(line)]
 
     def since(t):
         return None if t is None or t >= next_kill_at else round(t - kill_at, 2)
