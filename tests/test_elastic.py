@@ -119,11 +119,15 @@ CPP_ABORT = re.compile(r"terminate called|has been removed from elastic job"
 def test_a_host_update_that_arrives_while_the_world_re_forms_is_acted_on(need_horovod):
     """Horovod emptied rank 0's queue of host updates after a reset, so a host whose
     blacklist cooldown ended while the survivors re-formed never rejoined (16 ranks on
-    four hosts: the world stayed at 12). Updates before the loss belong to that reset."""
+    four hosts: the world stayed at 12). Updates before the loss belong to that reset. The
+    driver's word on a worker it ends is said in rank 0's line of the loss."""
     run = python([REPO / "tests" / "workers" / "host_update_in_reset.py"], timeout=120)
     ok(run)
     assert "update during the reset: hosts updated (timestamp 200)" in run.output, run.describe()
     assert "update before the loss only: no update" in run.output, run.describe()
+    # A worker the driver ends for answering nothing: rank 0's line of the reset names it (the driver adds none).
+    assert ("the driver ended a worker: elastic: a worker was lost (the worker of node2[1] answered nothing); "
+            "back to the last commit (step 0) (said by rank 0: True)") in run.output, run.describe()
 
 
 # Far above what a reset takes, so a reset that waits it out is plain (Horovod's default is 30 s).
@@ -217,6 +221,35 @@ def test_a_lost_workers_slot_goes_to_a_spare_standing_by(need_horovod, tmp_path)
     first = standby_steps(out, 0)
     assert first[-1][2] == 2 and longest_pause(first) < LATE_START_SECONDS - 2, \
         (round(longest_pause(first), 2), ran.describe())
+
+
+def test_a_frozen_worker_is_ended_and_its_slot_gets_a_new_one(need_horovod, tmp_path):
+    """Rank 1 of two is SIGSTOPped: nothing fails a stopped process (its connections stay
+    open), so rank 0 waits in its allreduce and, after Gloo's timeout, at the next world's
+    barrier for it. Horovod's driver (the project's patch) pings every worker; the one silent
+    for HOROVOD_ELASTIC_UNRESPONSIVE_SECS (5 here) is named in one line and SIGKILLed on its
+    host, and its slot gets a new worker: the job goes on at two ranks. Upstream it hung."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "localhost slots=2")
+    frozen = []
+
+    def freeze_rank_1():
+        pid = standby_steps(out, 1)[-1][1]
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append(pid)
+
+    def rank_1_trained():
+        path = out / "steps-rank1.txt"
+        return path.exists() and len(path.read_text().splitlines()) >= 10
+
+    wait_then(rank_1_trained, freeze_rank_1, 120)
+    ran = ok(launch(elastic_command(hostfile, 2, [STANDBY, out, "0"]), timeout=90,
+                    env={"HOROVOD_ELASTIC_UNRESPONSIVE_SECS": "5"}))
+    assert frozen, ran.describe()
+    said = re.findall(r"the worker of localhost\[1\] \(rank 1\) answered nothing for \d+ s \(frozen", ran.output)
+    assert len(said) == 1 and not os.path.exists(f"/proc/{frozen[0]}"), ran.describe()  # named once; ended
+    rank_1 = standby_steps(out, 1)
+    assert rank_1[-1][1] != frozen[0] and rank_1[-1][2] == 2, (frozen, rank_1[-3:], ran.describe())
 
 
 @pytest.mark.scale  # test_four_nodes.py's elastic test kills a whole node's ranks across hosts

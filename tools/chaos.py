@@ -73,12 +73,13 @@ from support.launch import Timed
 from support.commands import CNN
 from support.elastic_jobs import elastic_command, write_hosts
 from support.hosts import INTERFACE, Hosts, require_hosts
-from support.ranks import rank_pids, standing_by
+from support.ranks import rank_pids, standing_by, stopped
 
 DIGITS_TRAIN = 1438  # the digits samples train_cnn.py trains on (its fixed validation split aside)
 PROGRESS = re.compile(r"progress: step (\d+)/(\d+)")
 # What first says a fault was seen: the elastic reset's line, or the fixed-size job's one error line.
-DETECTED = re.compile(r"elastic: a worker was lost\b.*; back to the last commit|: error: ")
+DETECTED = re.compile(r"elastic: a worker was lost\b.*; back to the last commit|: error: "
+                      r"|elastic: the worker of \S+ .*answered nothing for")
 WORLD = re.compile(r"(\d+) workers? x batch")
 EPOCH = re.compile(r"epoch \d+ step \d+ lr ")  # an epoch's summary line: training, not a fault's
 ENV = {"HVDTRAIN_PROGRESS_SECONDS": "0.001",  # a progress line every step: the timeline
@@ -107,8 +108,10 @@ def parse_args(argv=None):
     parser.add_argument("--hosts", type=int, default=0,
                         help="simulated hosts the slots spread over (network namespaces with sshd; root); "
                              "0: this machine")
-    parser.add_argument("--fault", choices=["worker", "host"], default="worker",
-                        help="what a fault kills: a random worker, or every worker of a random host (--hosts)")
+    parser.add_argument("--fault", choices=["worker", "host", "frozen"], default="worker",
+                        help="what a fault does: SIGKILL a random worker, or every worker of a random host "
+                             "(--hosts), or SIGSTOP a random worker (frozen: Horovod's driver ends it once it "
+                             "answers nothing for HOROVOD_ELASTIC_UNRESPONSIVE_SECS)")
     parser.add_argument("--return-after", type=int, default=5, metavar="SECONDS",
                         help="--fault host: seconds until a lost host is listed again (the blacklist cooldown)")
     parser.add_argument("--spares", type=int, default=0, metavar="N",
@@ -127,6 +130,8 @@ def parse_args(argv=None):
         parser.error(f"--hosts {args.hosts}: must divide --ranks {args.ranks}")
     if args.fault == "host" and args.hosts < 2:
         parser.error("--fault host: needs --hosts 2 or more (a job on one host ends with it)")
+    if args.fault == "frozen" and args.relaunch:
+        parser.error("--fault frozen: the elastic path only (a fixed-size job's watchdog ends a frozen rank's job)")
     return args
 
 
@@ -161,7 +166,7 @@ class Workers:
     def pids(self):
         started = {pid for rank in range(self.ranks) for pid in rank_pids(self.out, rank)}
         joined = {pid for pid in rank_pids(self.out, -1) if pid in self.seen_standing_by and not standing_by(pid)}
-        return sorted(started | joined)
+        return sorted(pid for pid in started | joined if not stopped(pid))  # a frozen one is hit already
 
 
 class Place:
@@ -258,7 +263,7 @@ class Schedule:
         killed = False
         for pid in victims:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGSTOP if self.args.fault == "frozen" else signal.SIGKILL)
                 killed = True
             except ProcessLookupError:
                 pass

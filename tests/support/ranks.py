@@ -37,6 +37,14 @@ def standing_by(pid):
         return False
 
 
+def stopped(pid):
+    """Whether ``pid`` is stopped (SIGSTOP: a frozen rank), or gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t", "Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
 def require_cpu_cgroup():
     require((CPU_CGROUP / "cpu.cfs_quota_us").is_file() and os.access(CPU_CGROUP, os.W_OK),
             "a writable cgroup v1 CPU controller at /sys/fs/cgroup/cpu (for a real slow rank)",

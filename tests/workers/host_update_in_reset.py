@@ -6,11 +6,14 @@ Horovod's driver sends to rank 0, around a reset.
 A worker is lost (``restore``), the world re-forms (Horovod's ``reset``), then
 ``on_reset``. An update that arrives before the loss is part of that reset; one
 that arrives while the world re-forms (a host's blacklist cooldown ending) must
-reach the next commit's check. Prints one line per case: what the check did.
+reach the next commit's check. Prints one line per case: what the check did. And the
+line a loss is said in, where the driver said beforehand which worker it is ending (one
+that answered nothing): the driver's words, through Horovod's notification manager.
 """
 from types import SimpleNamespace
 
 import horovod.torch as hvd
+from horovod.common.elastic import notification_manager
 from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.runner.elastic.worker import HostUpdateResult
 
@@ -45,6 +48,14 @@ def lost_worker_then(commits, before, during):
     return next_commit_check(commits)
 
 
+def lost_after_the_drivers_word(commits, text):
+    notification_manager.register_listener(commits)
+    said = notification_manager.handle_worker_ended(text)  # what the driver's request does
+    commits.restore()
+    return f"{commits.lost_line} (said by rank 0: {said})"
+
+
 hvd.init()
 print("update during the reset:", lost_worker_then(commits(), before=[100], during=[200]))
 print("update before the loss only:", lost_worker_then(commits(), before=[100], during=[]))
+print("the driver ended a worker:", lost_after_the_drivers_word(commits(), "the worker of node2[1] answered nothing"))

@@ -32,6 +32,7 @@ import os
 import queue
 import re
 import sys
+import time
 
 from horovod.common.elastic import State
 from horovod.common.exceptions import HostsUpdatedInterrupt
@@ -40,6 +41,9 @@ from hvdtrain.errors import UsageError
 from hvdtrain.runtime import collectives, dist
 
 HOLDS_THE_RUN, SAID_THE_LOSS = 1, 2  # what a rank tells the others in sync
+# How long the driver's word on a worker it ended (one that answered nothing) names the next
+# loss: it comes just before that worker's collectives fail.
+ENDED_NOTE_SECONDS = 30.0
 ELASTIC_ENV = "HOROVOD_ELASTIC"  # set by horovodrun for --min-np/--max-np/--host-discovery-script jobs
 
 
@@ -80,6 +84,7 @@ class Commits(State):
         self.lost_line = None  # what restore says of a lost worker, until the next world has formed
         self.lost_line_said = False  # by this rank (rank 0 of the world that lost it)
         self.saved = None
+        self._ended_note = None  # (when, what) the driver said of a worker it is ending
         self._reset_phase = contextlib.ExitStack()
         # Horovod: rank 0's host-update timestamps, a few bytes (the State's own check)
         super().__init__(bcast_object=lambda obj: collectives.broadcast_object(obj, root_rank=0, name="elastic.hosts"),
@@ -94,10 +99,22 @@ class Commits(State):
         if self.enabled:
             self.saved = {name: copy.deepcopy(part.state_dict()) for name, part in self._parts().items()}
 
+    def on_worker_ended(self, text):
+        """Horovod's driver (the project's patch), to rank 0: it is ending a worker that answered
+        nothing, named in ``text``; this rank's line of the reset says so, and the driver adds none."""
+        self._ended_note = (time.monotonic(), text)
+        return True
+
+    def _how(self):
+        note, self._ended_note = self._ended_note, None
+        if note is not None and time.monotonic() - note[0] < ENDED_NOTE_SECONDS:
+            return f" ({note[1]})"
+        return _how()
+
     def restore(self):
         # Rank 0 says it at once; where rank 0 was the worker lost, the rank the state comes from
         # says it once the next world has formed (sync).
-        self.lost_line = (f"elastic: a worker was lost{_how()}; back to the last commit "
+        self.lost_line = (f"elastic: a worker was lost{self._how()}; back to the last commit "
                           f"(step {self.saved['train_state']['step']})")
         self.ctx.print0(self.lost_line)
         self.lost_line_said = self.ctx.is_main
