@@ -105,7 +105,8 @@ class Commits(State):
         self._ended_note = (time.monotonic(), text)
         return True
 
-    def _how(self):
+    def _why_lost(self):
+        """The driver's word on a worker it is ending, where it came just now; else how the collective failed."""
         note, self._ended_note = self._ended_note, None
         if note is not None and time.monotonic() - note[0] < ENDED_NOTE_SECONDS:
             return f" ({note[1]})"
@@ -114,7 +115,7 @@ class Commits(State):
     def restore(self):
         # Rank 0 says it at once; where rank 0 was the worker lost, the rank the state comes from
         # says it once the next world has formed (sync).
-        self.lost_line = (f"elastic: a worker was lost{self._how()}; back to the last commit "
+        self.lost_line = (f"elastic: a worker was lost{self._why_lost()}; back to the last commit "
                           f"(step {self.saved['train_state']['step']})")
         self.ctx.print0(self.lost_line)
         self.lost_line_said = self.ctx.is_main
