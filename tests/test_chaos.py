@@ -34,9 +34,12 @@ def test_killed_workers_lose_no_sample_and_change_no_weight(tmp_path):
     # 30 s timeout (its listening pairs waited 150 s); what it printed: from rank 0 of that world, unless
     # it was the one killed, "the new world did not form (...)". One line a fault: horovodrun's shell
     # printed "[k]<stderr>:Killed" beside it (the Horovod patch's exec).
-    assert second["first_step_s"] is not None and second["first_step_s"] < 30, faulty
-    assert second["lines"] <= 1 and not any("timeout" in line.lower() for line in second["said"]), json.dumps(second)
-    assert first["lines"] <= 1 and not any("Killed" in line for line in first["said"] + second["said"]), faulty
+    assert second["first_step_s"] is not None and second["first_step_s"] < 30, json.dumps(second)
+    # One line a fault, counted over both: where the worker lost first was rank 0, its line comes
+    # from the rank the state comes from once a world has formed, after the second kill.
+    said = first["said"] + second["said"]
+    assert first["lines"] + second["lines"] <= 2, json.dumps([first, second])
+    assert not any("timeout" in line.lower() or "Killed" in line for line in said), json.dumps([first, second])
     # Every epoch trained each sample once, whatever the resets went back to.
     assert faulty["samples_lost_or_twice"] == 0, faulty
     # fp32 and --global-batch: the same optimisation as the run that lost no one. Bit for bit when
