@@ -4,8 +4,7 @@ Each host is a network namespace with its own address, host name and sshd, so
 mpirun and horovodrun start the ranks of the other hosts over ssh, as on a cluster
 (support/sixteen_ranks.py: the workloads and checks; tests/test_slurm_four_nodes.py
 runs the same under sbatch). `make test` proves each node-level mechanism once at its
-smallest real scale, two hosts of two ranks (TWO_BY_2), plus one 16-rank run under
-mpirun (placement and equality); `make test-scale` runs the 16- and 32-rank forms
+smallest real scale, two hosts of two ranks (TWO_BY_2); `make test-scale` runs the 16- and 32-rank forms
 (FOUR_BY_4) under every launcher.
 """
 import json
@@ -62,30 +61,15 @@ def one_worker(tmp_path_factory):
     return one_worker_run(tmp_path_factory.mktemp("one-worker") / "run", STEPS, 10, TIMEOUT)
 
 
-@pytest.fixture(scope="module")
-def sixteen_under_mpirun(four_hosts, tmp_path_factory):
-    """16 x batch 4 under mpirun, uninterrupted: 20 steps."""
-    tmp = tmp_path_factory.mktemp("sixteen")
-    out = tmp / "run"
-    return trained(on_four_hosts(four_hosts, tmp, "mpirun", [*SIXTEEN_BY_4, "--max-steps", STEPS,
-                                                              "--output-dir", out]), out)
-
-
-@pytest.mark.whole_machine
-def test_mpirun_16_ranks_on_four_hosts_equal_one_worker(sixteen_under_mpirun, one_worker):
-    """The one 16-rank run of `make test`: the four-host machinery (placement, ssh, equality)."""
-    assert_same_weights_as(sixteen_under_mpirun, one_worker, (10, STEPS))
-    assert_placed_four_per_host(sixteen_under_mpirun)
-
-
-@pytest.mark.parametrize("launcher", [pytest.param(launcher, marks=SIXTEEN) for launcher in ("horovodrun",
-                                                                                           "horovodrun --mpi")])
-def test_horovodrun_16_ranks_on_four_hosts_equal_one_worker(four_hosts, one_worker, launcher, tmp_path):
+@pytest.mark.parametrize("shape, launcher", forms("mpirun", "mpirun", "horovodrun", "horovodrun --mpi"))
+def test_ranks_on_hosts_equal_one_worker(four_hosts, one_worker, shape, launcher, tmp_path):
+    """N ranks x 64/N (2 x 2 on two hosts in `make test`, 16 x 4 on four) = one worker x 64;
+    every rank's own view of its placement (host, local rank and size, threads)."""
     out = tmp_path / "run"
-    trained(on_four_hosts(four_hosts, tmp_path, launcher, [*SIXTEEN_BY_4, "--max-steps", STEPS,
-                                                            "--output-dir", out]), out)
+    trained(on_four_hosts(four_hosts, tmp_path, launcher, [*sixteen_by_4(10, shape.ranks), "--max-steps", STEPS,
+                                                            "--output-dir", out], shape=shape), out)
     assert_same_weights_as(out, one_worker, (10, STEPS))
-    assert_placed_four_per_host(out)
+    assert_placed_four_per_host(out, shape.ranks, shape.slots)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from support.launch import REPO, SCRIPTS, horovodrun, launch
 from support.locks import lock_of
 from support.needs import require_module, require_program
 from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
+from support.selected import is_selected, selected_values
 from support.slurm_cluster import run
 from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, ended, events, probe_sbatch,
                                 send_usr1_to_batch_shell)
@@ -220,16 +221,19 @@ IMAGES = "images"
 
 
 @pytest.fixture(scope="module")
-def image_jobs(slurm_cluster, tmp_path_factory):
-    """train_cnn.sbatch on an image folder with DataLoader workers, five jobs side by side on the
+def image_jobs(request, slurm_cluster, tmp_path_factory):
+    """train_cnn.sbatch on an image folder with DataLoader workers, jobs side by side on the
     image folder IMAGES beside their output: "uninterrupted" under srun, straight through; one
-    under each LAUNCHER that gets USR1 once its workers deliver batches (its first checkpoint);
-    "horovodrun-term", whose batch shell gets TERM. Returns {name: Ended}."""
+    under each selected LAUNCHER that gets USR1 once its workers deliver batches (its first
+    checkpoint); "horovodrun-term", whose batch shell gets TERM. Returns {name: Ended}."""
     require_module("horovod.torch")
     require_program("mpirun", "install Open MPI or `make setup` as root")
     root = tmp_path_factory.mktemp("image-jobs")
     data = make_image_folder(root / IMAGES, train_per_class=20)
-    signalled = {**{launcher: (launcher, "USR1") for launcher in LAUNCHERS}, "horovodrun-term": ("horovodrun", "TERM")}
+    usr1 = selected_values(request, "test_usr1_requeues_and_resumes_bit_identical_to_an_uninterrupted_job", "launcher")
+    signalled = {launcher: (launcher, "USR1") for launcher in usr1}
+    if is_selected(request, "test_term_to_a_horovodrun_batch_shell_reaches_the_ranks_and_resumes"):
+        signalled["horovodrun-term"] = ("horovodrun", "TERM")
     runs = {"uninterrupted": "srun", **{name: launcher for name, (launcher, _) in signalled.items()}}
     jobs = {name: submit(slurm_cluster, SLURM / "train_cnn.sbatch", root / f"{name}.out",
                          ["--data", data, "--output-dir", root / name, *IMAGE_RUN, "--max-steps", IMAGE_STEPS],
@@ -240,7 +244,10 @@ def image_jobs(slurm_cluster, tmp_path_factory):
             for name, job in jobs.items()}
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+# mpirun's form in `make test-scale`: its USR1 reaches a rank beside its DataLoader workers in
+# test_train_cnn.py (no Slurm) and every rank under Slurm in the probes (test_slurm_two_nodes.py).
+@pytest.mark.parametrize("launcher", [pytest.param(launcher, marks=pytest.mark.scale) if launcher == "mpirun"
+                                      else launcher for launcher in LAUNCHERS])
 def test_usr1_requeues_and_resumes_bit_identical_to_an_uninterrupted_job(image_jobs, launcher):
     """Slurm and the launchers signal a rank's whole process tree: DataLoader workers leave USR1
     to their rank, which checkpoints and stops; the job is requeued, resumes there and ends with

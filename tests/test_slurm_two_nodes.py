@@ -4,7 +4,7 @@
 
 Every job asks for `sbatch --nodes=2 --ntasks-per-node=1`, so its two ranks can
 only meet over the network between the hosts. The CNN trainer runs under each
-launcher (srun, mpirun, horovodrun), BERT under srun (the others: `make
+launcher (srun and horovodrun; mpirun in `make test-scale`), BERT under srun (the others: `make
 test-scale`); the horovodrun CNN run is sent USR1, is
 requeued and ends with the same weights as the uninterrupted runs; probe jobs
 (tests/workers/preemptible.py) show which rank each launcher lets the signal
@@ -156,7 +156,10 @@ def assert_ran_on_both_hosts(log, name, runs=1):
     assert sorted(started) == sorted([("0", "hvd-a"), ("1", "hvd-b")] * runs), f"{name}: {started}\n{log}"
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+# mpirun's form in `make test-scale`: it forwards USR1 to both nodes (the probes below) and runs the
+# CNN under Slurm on one node (test_slurm.py); srun's run is the reference, horovodrun's is requeued.
+@pytest.mark.parametrize("launcher", [pytest.param(launcher, marks=pytest.mark.scale) if launcher == "mpirun"
+                                      else launcher for launcher in LAUNCHERS])
 def test_train_cnn_on_two_nodes_matches_the_srun_run(two_node_jobs, launcher):
     """srun and mpirun run straight through; horovodrun is interrupted by USR1, requeued
     and resumed. All three end with bit-identical weights."""
