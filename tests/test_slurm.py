@@ -130,6 +130,9 @@ def test_a_bad_setting_fails_the_job_with_one_line(slurm_cluster, tmp_path, sett
     assert log.read_text().strip().splitlines() == [f"train-cnn: error: {line}"]
 
 
+# On two nodes in `make test` (test_slurm_two_nodes.py's probes): there the rank on the batch
+# shell's node gets USR1 itself under every launcher, as both ranks do here.
+@pytest.mark.scale
 def test_usr1_reaches_every_rank_then_requeue_and_resume_with_every_launcher(
         slurm_cluster, need_horovod, need_mpi, tmp_path):
     """The batch shell's trap forwards USR1 to each rank through srun, mpirun and horovodrun."""
