@@ -112,7 +112,10 @@ MACHINE = machine.Machine()  # this pytest process's hold on the cores
 def pytest_runtest_protocol(item, nextitem):
     """Each test with the fixtures it starts holds the machine: alone if marked
     `whole_machine`, beside the other tests otherwise (support/machine.py); a run of
-    whole-machine tests on one worker keeps it from the first to the last."""
+    whole-machine tests on one worker keeps it from the first to the last. A plan
+    (`--setup-plan`, tests/test_suite.py) runs nothing and holds nothing."""
+    if item.config.option.setupplan:
+        return (yield)
     whole = item.get_closest_marker("whole_machine") is not None
     keep = nextitem is not None and nextitem.get_closest_marker("whole_machine") is not None
     with MACHINE.share(whole=whole, keep=keep):

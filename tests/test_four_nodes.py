@@ -100,6 +100,15 @@ def test_mpirun_32_ranks_8_per_host_equal_one_worker(four_hosts, one_worker, tmp
     assert_placed_four_per_host(out, ranks=32, slots=8)
 
 
+@pytest.fixture(scope="module")
+def sixteen_under_mpirun(four_hosts, tmp_path_factory):
+    """16 x batch 4 under mpirun, uninterrupted: 20 steps (what the stopped and resumed run must equal)."""
+    tmp = tmp_path_factory.mktemp("sixteen")
+    out = tmp / "run"
+    return trained(on_four_hosts(four_hosts, tmp, "mpirun", [*SIXTEEN_BY_4, "--max-steps", STEPS,
+                                                              "--output-dir", out]), out)
+
+
 @pytest.mark.scale
 @pytest.mark.whole_machine
 def test_16_ranks_stopped_and_resumed_equal_the_uninterrupted_run_bit_for_bit(four_hosts, sixteen_under_mpirun,
