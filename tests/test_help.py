@@ -125,6 +125,7 @@ OTHER_PROGRAMS = {
                               "--kill-on-bad-exit", "--no-kill", "--nodelist"},
     "pip, venv": {"--no-binary", "--no-deps", "--no-build-isolation", "--system-site-packages"},
     "curl": {"--max-time"},
+    "pytest": {"--setup-plan"},
     "scripts/setup/setup.sh": {"--dry-run"},
     "slurm/submit_bert_phases.sh": {"--phase1", "--phase2", "--phase1-data", "--phase2-data", "--sbatch"},
     "tools/make_bench_corpus.py": {"--megabytes", "--files"},
