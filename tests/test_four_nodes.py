@@ -7,7 +7,6 @@ runs the same under sbatch). `make test` proves each node-level mechanism once a
 smallest real scale, two hosts of two ranks (TWO_BY_2); `make test-scale` runs the 16- and 32-rank forms
 (FOUR_BY_4) under every launcher.
 """
-import contextlib
 import json
 import sys
 import time
@@ -20,7 +19,7 @@ from support.commands import CNN, PRETRAIN
 from support.elastic_jobs import discovery, world_sizes, write_hosts
 from support.hosts import INTERFACE
 from support.launch import RANK_TRACEBACK, launch, wait_then
-from support.ranks import cpu_share, rank_pids, require_cpu_cgroup, standing_by
+from support.ranks import cpu_share, rank_pids, require_cpu_cgroup, slow_down, standing_by
 from support.sixteen_ranks import (BERT_COMPARED_STEPS, FOUR_BY_4, SMALL, TWO_BY_2, Shape,
                                    assert_placed_four_per_host, assert_same_weights_as, bert_reference, sixteen_by_4,
                                    trained)
@@ -257,12 +256,9 @@ RETURN_TIMEOUT = 60
 def survivors_wait_for_the_returning_host(out, ranks):
     """The job writing to ``out`` (launched as ``ranks``) held to SURVIVORS_SHARE until a
     worker of the returning host stands by in hvd.init() (rank -1, support/ranks.py)."""
-    survivors = [pid for rank in range(ranks) for pid in rank_pids(str(out), rank)]
     deadline = time.monotonic() + RETURN_TIMEOUT
     with cpu_share(SURVIVORS_SHARE) as share:
-        for pid in survivors:
-            with contextlib.suppress(ProcessLookupError):  # a rank that ended meanwhile
-                share.add(pid)
+        slow_down(share, str(out), ranks)
         while time.monotonic() < deadline and not any(standing_by(pid) for pid in rank_pids(str(out), -1)):
             time.sleep(0.2)
 

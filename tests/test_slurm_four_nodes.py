@@ -30,7 +30,7 @@ from support.commands import CNN, DISCOVER
 from support.hosts import INTERFACE
 from support.launch import launch
 from support.needs import require_module, require_program
-from support.ranks import cpu_share, rank_pids, require_cpu_cgroup
+from support.ranks import cpu_share, require_cpu_cgroup, slow_down
 from support.sixteen_ranks import (BERT_COMPARED_STEPS, FOUR_BY_4, RANKS, SMALL, TWO_BY_2,
                                    assert_placed_four_per_host, assert_same_weights_as, bert_reference, one_worker,
                                    sixteen_by_4)
@@ -289,15 +289,6 @@ COOLDOWN = (50, 60)
 SURVIVORS_SHARE = 0.25
 
 
-def slow_down(share, out, ranks):
-    """Every rank still alive of the job writing to ``out`` (launched as ``ranks``) into ``share``."""
-    pids = [pid for rank in range(ranks) for pid in rank_pids(str(out), rank)]
-    assert pids, f"no rank of the job writing to {out} is alive"
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):  # a rank that ended meanwhile
-            share.add(pid)
-
-
 @pytest.mark.parametrize("shape", SHAPES)
 def test_elastic_job_loses_a_nodes_slurmd_and_ranks_goes_on_without_it_and_completes(four_node_slurm, four_hosts,
                                                                                       shape, tmp_path):
@@ -328,7 +319,7 @@ def test_elastic_job_loses_a_nodes_slurmd_and_ranks_goes_on_without_it_and_compl
             four_hosts.vanish(lost, "slurmd")
             four_hosts.vanish(lost, CNN.name)
             if shape == TWO_BY_2:
-                slow_down(survivors.enter_context(cpu_share(SURVIVORS_SHARE)), out, ranks)
+                slow_down(survivors.enter_context(cpu_share(SURVIVORS_SHARE)), str(out), ranks)
             flagged = wait_for_node_state(four_node_slurm, lost, lambda state: state.endswith("*"), 60)
             assert flagged - killed < COOLDOWN[0], f"Slurm flagged {lost} {flagged - killed:.0f} s after its slurmd died"
             discovered = discover_in_job(four_node_slurm, job, tmp_path / "discovery-state", shape)

@@ -1,4 +1,5 @@
 """The processes of a running job's ranks, and a real slow rank (the cgroup v1 CPU controller)."""
+import contextlib
 import itertools
 import os
 from contextlib import contextmanager
@@ -26,6 +27,16 @@ def rank_pids(marker, rank):
                 and any(f"{name}={rank}".encode() in environ for name in RANK_VARS)):
             pids.append(int(entry.name))
     return pids
+
+
+def slow_down(share, marker, ranks):
+    """Every rank still alive of the job whose command lines contain ``marker`` (launched as
+    ``ranks``) into ``share`` (``cpu_share``)."""
+    pids = [pid for rank in range(ranks) for pid in rank_pids(marker, rank)]
+    assert pids, f"no rank of the job marked {marker} is alive"
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # a rank that ended meanwhile
+            share.add(pid)
 
 
 def standing_by(pid):
