@@ -16,10 +16,11 @@ def write_hosts(path, *lines):
     new.replace(path)
 
 
-def elastic_command(hostfile, np, script_args, interface="lo", extra=()):
+def elastic_command(hostfile, np, script_args, interface="lo", extra=(), discover=None):
+    """``discover``: the discovery command, if not discover_hosts.py on ``hostfile``."""
     # --network-interface: an elastic job otherwise waits for two hosts to compare NICs.
     return ["horovodrun", "-np", np, "--min-np", "1", "--max-np", np, "--network-interface", interface,
-            "--host-discovery-script", discovery(hostfile), *extra, sys.executable, *script_args]
+            "--host-discovery-script", discover or discovery(hostfile), *extra, sys.executable, *script_args]
 
 
 def world_sizes(ran):
