@@ -11,20 +11,31 @@ import json
 import pytest
 
 from support.checks import ok
+from support.elastic_jobs import GLOO_TIMEOUT_SECONDS
 from support.launch import REPO, python
 from support.weights import TOLERANCE
 
 CHAOS = REPO / "tools" / "chaos.py"
+# Gloo's timeout far above a reset (a new worker's start on a loaded machine included), the
+# Horovod logs that split each recovery into phases, and every run's output kept (what a
+# failed assertion shows).
+TIMED = ["--gloo-timeout", GLOO_TIMEOUT_SECONDS, "--horovod-log-level", "INFO"]
+
+
+def log_tail(logs, run, lines=80):
+    """The end of a chaos run's kept output (--log), for an assertion's message."""
+    path = logs / f"{run}.log"
+    return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else f"(no {path})"
 
 
 def test_killed_workers_lose_no_sample_and_change_no_weight(tmp_path):
-    report_file, picture = tmp_path / "chaos.json", tmp_path / "chaos.png"
+    report_file, picture, logs = tmp_path / "chaos.json", tmp_path / "chaos.png", tmp_path / "logs"
     # Seed 29 at T = 3 s: the first kill 2.4 s after the first step, the second 1 s later, while the
     # survivors form the next world with the new worker (it ended the job: every survivor's Gloo
     # rendezvous failed and the Horovod patch exited them; then it cost the listening pairs 150 s).
     # 5 epochs (225 steps): both kills fall in training, and the world trains again after them.
     ran = ok(python([CHAOS, "--ranks", "4", "--interval", "3", "--seed", "29", "--faults", "2", "--then-after", "1",
-                     "--epochs", "5", "--json", report_file, "--plot", picture], timeout=600))
+                     "--epochs", "5", "--json", report_file, "--plot", picture, "--log", logs, *TIMED], timeout=600))
     report = json.loads(report_file.read_text())
     without, faulty = report["runs"]
     assert without["exit"] == 0 and without["faults"] == 0 and without["samples_lost_or_twice"] == 0, without
@@ -32,10 +43,18 @@ def test_killed_workers_lose_no_sample_and_change_no_weight(tmp_path):
     first, second = faulty["fault_records"]
     assert first["reform_s"] is None, faulty  # no world formed between the kills: the second fell in the re-form
     # The world that lost a worker while forming gave up when the driver marked it failed, not at Gloo's
-    # 30 s timeout (its listening pairs waited 150 s); what it printed: from rank 0 of that world, unless
+    # timeout (its listening pairs waited 5 timeouts); what it printed: from rank 0 of that world, unless
     # it was the one killed, "the new world did not form (...)". One line a fault: horovodrun's shell
-    # printed "[k]<stderr>:Killed" beside it (the Horovod patch's exec).
-    assert second["first_step_s"] is not None and second["first_step_s"] < 30, json.dumps(second)
+    # printed "[k]<stderr>:Killed" beside it (the Horovod patch's exec). What the world waits for is the
+    # new worker's start: 4-10 s here, 32 s in a CI run on a loaded 2-core machine, where the job's
+    # first step came 44 s after its launch (against Horovod's 30 s timeout it looked like one).
+    assert second["first_step_s"] is not None and second["first_step_s"] < GLOO_TIMEOUT_SECONDS, \
+        (json.dumps(second), log_tail(logs, "every-3s"))
+    # The recovery's phases follow each other: the driver saw the exit, assigned the world that formed,
+    # its Gloo contexts formed, the trainers synced the state, the first step.
+    phases = second["phases"]
+    assert phases is not None and None not in phases.values(), json.dumps(second)
+    assert list(phases.values()) == sorted(phases.values()), json.dumps(second)
     # One line a fault, counted over both: where the worker lost first was rank 0, its line comes
     # from the rank the state comes from once a world has formed, after the second kill.
     said = first["said"] + second["said"]
@@ -83,15 +102,15 @@ def test_the_relaunch_path_resumes_each_fault_from_the_newest_checkpoint(tmp_pat
 def test_sixteen_ranks_under_a_fault_every_15_s_lose_no_sample(tmp_path):
     """docs/scale.md's harshest schedule, shortened: 16 slots, a worker killed every 15 s on
     average whenever it falls (in a reset too): the job completes, every sample once per epoch."""
-    report_file = tmp_path / "chaos.json"
+    report_file, logs = tmp_path / "chaos.json", tmp_path / "logs"
     ran = ok(python([CHAOS, "--ranks", "16", "--interval", "15", "--seed", "1", "--epochs", "20",
-                     "--json", report_file], timeout=1500))
+                     "--json", report_file, "--log", logs, *TIMED], timeout=1500))
     without, faulty = json.loads(report_file.read_text())["runs"]
     assert faulty["exit"] == 0 and faulty["faults"] >= 2, (faulty, ran.describe())
     assert faulty["samples_lost_or_twice"] == 0, faulty
-    # No loss waited out Gloo's 30 s timeout (one kill in three to five did, before the patch ended a
+    # No loss waited out Gloo's timeout (one kill in three to five did, before the patch ended a
     # rank's background loop when its Gloo pair broke).
-    assert faulty["longest_pause_s"] < 30, faulty
+    assert faulty["longest_pause_s"] < GLOO_TIMEOUT_SECONDS, (faulty, log_tail(logs, "every-15s"))
     difference = faulty["weights_max_difference"]
     assert difference is not None and difference <= 10 * TOLERANCE, faulty
     print(f"16 ranks, a fault every 15 s: {faulty['faults']} faults, efficiency {faulty['efficiency']}, "

@@ -27,7 +27,7 @@ from support.bert_data import all_instances, make_small_static_data, trained_ins
 from support.checkpoints import checkpoint_file
 from support.checks import ok, one_error_line, only_an_error_line
 from support.commands import SLOW_RANK_WATCH, SLOW_SHARE
-from support.elastic_jobs import elastic_command, world_sizes, write_hosts
+from support.elastic_jobs import GLOO_TIMEOUT_SECONDS, elastic_command, world_sizes, write_hosts
 from support.launch import REPO, SCRIPTS, launch, python, wait_then
 from support.ranks import cpu_share, rank_pids, require_cpu_cgroup, standing_by
 from support.hosts import INTERFACE  # the two_hosts session fixture comes from conftest
@@ -130,10 +130,6 @@ def test_a_host_update_that_arrives_while_the_world_re_forms_is_acted_on(need_ho
     # A worker the driver ends for answering nothing: rank 0's line of the reset names it (the driver adds none).
     assert ("the driver ended a worker: elastic: a worker was lost (the worker of node2[1] answered nothing); "
             "back to the last commit (step 0) (said by rank 0: True)") in run.output, run.describe()
-
-
-# Far above what a reset takes, so a reset that waits it out is plain (Horovod's default is 30 s).
-GLOO_TIMEOUT_SECONDS = 120
 
 
 # Horovod's driver assigns the next world holding the lock its host discovery holds while the

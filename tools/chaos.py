@@ -82,6 +82,11 @@ DETECTED = re.compile(r"elastic: a worker was lost\b.*; back to the last commit|
                       r"|elastic: the worker of \S+ .*answered nothing for")
 WORLD = re.compile(r"(\d+) workers? x batch")
 EPOCH = re.compile(r"epoch \d+ step \d+ lr ")  # an epoch's summary line: training, not a fault's
+# With --horovod-log-level INFO: what horovodrun's driver and Horovod's workers log (not the job's lines).
+HOROVOD_LOG = re.compile(r"^(INFO|DEBUG|WARNING):\S+:|<std(out|err)>:\[\d{4}-\d\d-\d\d [\d:. ]+: [TDIWE] ")
+DRIVER_SAW = re.compile(r"record state: \S+ = FAILURE")  # the driver saw a worker exit
+ASSIGNED = re.compile(r"INFO:root:reset workers: \d+")  # the driver assigned a world
+INITIALIZED = re.compile(r"\]: Horovod initialized")  # a world's Gloo contexts formed
 ENV = {"HVDTRAIN_PROGRESS_SECONDS": "0.001",  # a progress line every step: the timeline
        "HOROVOD_ELASTIC_HOST_FAILURE_LIMIT": "1000000"}
 
@@ -118,9 +123,18 @@ def parse_args(argv=None):
                         help="workers each host keeps standing by to take a lost worker's slot "
                              "(HOROVOD_ELASTIC_SPARES; the elastic path)")
     parser.add_argument("--seed", type=int, default=1, help="the schedule's seed (which rank, when)")
+    parser.add_argument("--gloo-timeout", type=int, default=None, metavar="SECONDS",
+                        help="the job's HOROVOD_GLOO_TIMEOUT_SECONDS (Horovod's default: 30): set it far above a "
+                             "reset's length and a reset that waited it out stands apart from a slow new worker")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds before a run is killed")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--plot", type=Path, help="draw efficiency against T and each run's timeline here (PNG)")
+    parser.add_argument("--log", type=Path, metavar="DIR",
+                        help="write each run's whole output here, every line with its seconds since the launch, "
+                             "and each fault's victims (which worker, when): what a surprising figure is read from")
+    parser.add_argument("--horovod-log-level", choices=["DEBUG", "INFO", "WARNING"], default=None,
+                        help="horovodrun's --log-level for the runs: its driver's and the workers' Horovod logs "
+                             "in the output (with --log), and INFO splits each fault's recovery into phases")
     args = parser.parse_args(argv)
     if args.ranks < 2 or args.global_batch % args.ranks:
         parser.error(f"--ranks {args.ranks}: needs 2 or more ranks dividing --global-batch {args.global_batch}")
@@ -173,7 +187,8 @@ class Place:
     """Where the job runs: this machine, or --hosts simulated hosts (the launcher on the first)."""
 
     def __init__(self, args):
-        self.env = {**ENV, "HOROVOD_ELASTIC_SPARES": str(args.spares)}
+        self.env = {**ENV, "HOROVOD_ELASTIC_SPARES": str(args.spares),
+                    **({"HOROVOD_GLOO_TIMEOUT_SECONDS": str(args.gloo_timeout)} if args.gloo_timeout else {})}
         self.slots = args.ranks // max(1, args.hosts)
         self.hosts = None
         if args.hosts:
@@ -213,6 +228,7 @@ class Schedule:
         self.run, self.out, self.args, self.interval, self.rng = run, out, args, interval, rng
         self.place = place
         self.kills = []  # seconds since the launch
+        self.victims = []  # (seconds since the launch, [(pid, rank it was started as)])
         self.done = threading.Event()
         self.workers = Workers(out, args.ranks, self.done)
         self.thread = threading.Thread(target=self.inject, daemon=True)
@@ -260,16 +276,18 @@ class Schedule:
             victims = on[self.rng.choice(sorted(host for host in on if host))]
         else:
             victims = [self.rng.choice(pids)]
-        killed = False
+        killed = []
         for pid in victims:
+            started_as = started_rank(pid)
             try:
                 os.kill(pid, signal.SIGSTOP if self.args.fault == "frozen" else signal.SIGKILL)
-                killed = True
+                killed.append((pid, started_as))
             except ProcessLookupError:
                 pass
         if killed:
             self.kills.append(time.monotonic() - self.run.started)
-        return killed
+            self.victims.append((round(self.kills[-1], 2), killed))
+        return bool(killed)
 
     def wait_for_training_after(self, kill_at):
         """Until the new world's first step after the kill at ``kill_at`` (or the run's end)."""
@@ -284,6 +302,28 @@ class Schedule:
         return self.kills
 
 
+def started_rank(pid):
+    """The rank a worker was started as (HOROVOD_RANK in its environment; -1: started ahead), or None."""
+    try:
+        environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((int(entry.split(b"=", 1)[1]) for entry in environ if entry.startswith(b"HOROVOD_RANK=")), None)
+
+
+def write_log(args, name, run, schedule):
+    """--log: the run's whole output, each line with its seconds since the launch, and its faults."""
+    if not args.log:
+        return
+    args.log.mkdir(parents=True, exist_ok=True)
+    faults = [f"{at:9.2f} chaos.py: {'SIGSTOP' if args.fault == 'frozen' else 'SIGKILL'} "
+              + ", ".join(f"pid {pid} (started as rank {rank})" for pid, rank in hit)
+              for at, hit in (schedule.victims if schedule else [])]
+    lines = sorted([(at, f"{at:9.2f} {line}") for at, line in run.lines]
+                   + [(float(text.split()[0]), text) for text in faults], key=lambda pair: pair[0])
+    (args.log / f"{name}.log").write_text("".join(text + "\n" for _, text in lines))
+
+
 def launch(args, place, out, hostfile, interval=None, seed=0):
     """The job under the schedule of mean ``interval`` (None: no faults): (its run, the kills' times)."""
     if args.relaunch:
@@ -291,11 +331,13 @@ def launch(args, place, out, hostfile, interval=None, seed=0):
     else:
         # The cooldown: how long a host whose every worker failed stays out (--fault host).
         command = elastic_command(hostfile, args.ranks, job(args, out), interface=place.interface,
-                                  extra=["--blacklist-cooldown-range", args.return_after, args.return_after])
+                                  extra=["--blacklist-cooldown-range", args.return_after, args.return_after,
+                                         *(["--log-level", args.horovod_log_level] if args.horovod_log_level else [])])
         run = place.launch(command, args.timeout)
         schedule = Schedule(run, out, args, interval, random.Random(seed), place) if interval is not None else None
         run.wait()
         kills = schedule.stop() if schedule else []
+        write_log(args, out.name, run, schedule)
     for pid in worker_pids(out, args.ranks):  # a worker another host's launcher left behind
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -314,7 +356,9 @@ def relaunch_loop(args, place, out, interval, seed):
         run = place.launch(command, max(1, left), started=timeline.started, lines=timeline.lines).wait()
         if run.process.returncode == 0 or left <= 1 or schedule is None:
             break
-    return run, (schedule.stop() if schedule else [])
+    kills = schedule.stop() if schedule else []
+    write_log(args, out.name, timeline, schedule)
+    return run, kills
 
 
 def first_after(lines, at, pattern):
@@ -332,14 +376,31 @@ def fault_record(lines, kill_at, next_kill_at, ranks):
     recovered = min(next_kill_at, stepped if stepped is not None else next_kill_at)
     printed = [line for t, line in lines if kill_at <= t < recovered
                and not PROGRESS.search(line) and not WORLD.search(line)
-               and not EPOCH.search(line)]
+               and not EPOCH.search(line) and not HOROVOD_LOG.search(line)]
 
     def since(t):
         return None if t is None or t >= next_kill_at else round(t - kill_at, 2)
 
     return {"at_s": round(kill_at, 2), "detect_s": since(detected), "reform_s": since(reformed),
             "first_step_s": since(stepped), "whole_again_s": since(whole), "lines": len(printed),
-            "said": printed[:5]}
+            "said": printed[:5], "phases": phases(lines, kill_at, reformed, stepped, since)}
+
+
+def phases(lines, kill_at, reformed, stepped, since):
+    """Where a fault's recovery went, from the Horovod logs (--horovod-log-level INFO; else None):
+    seconds since the kill until the driver saw the worker exit, until it assigned the world that
+    formed (the survivors left the old one and registered: teardown), until that world's Gloo
+    contexts formed (rendezvous, a new worker's start included), until the trainers synced the
+    state (the world's first line) and until its first step."""
+    if reformed is None or not any(ASSIGNED.search(line) for _, line in lines):
+        return None
+    window = [(t, line) for t, line in lines if kill_at <= t <= reformed]
+    initialized = next((t for t, line in reversed(window) if INITIALIZED.search(line)), None)
+    assigned = next((t for t, line in reversed(window) if ASSIGNED.search(line)
+                     and (initialized is None or t <= initialized)), None)
+    driver_saw, _ = first_after(window, kill_at, DRIVER_SAW)
+    return {"driver_saw_s": since(driver_saw), "assigned_s": since(assigned), "initialized_s": since(initialized),
+            "synced_s": since(reformed), "first_step_s": since(stepped)}
 
 
 def join_records(lines):
@@ -490,6 +551,7 @@ def main(argv=None):
               "path": "relaunch" if args.relaunch else "elastic",
               "then_after_s": args.then_after, "hosts": args.hosts, "fault": args.fault, "spares": args.spares,
               "return_after_s": args.return_after if args.fault == "host" else None,
+              "gloo_timeout_s": args.gloo_timeout or 30,
               "runs": rows}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
