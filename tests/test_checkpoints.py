@@ -48,7 +48,10 @@ def test_node_local_checkpoint_is_sent_tensor_by_tensor(tmp_path):
     assert run.output.count("all ranks ok: True") == 2, run.describe()
 
 
-@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+# A finished run's relaunch changes nothing: test_readme.py (the CNN as the README has it), test_bert.py.
+# The corrupt checkpoint under MPI in `make test-scale`: which controller carries the broadcast is not
+# what the check depends on.
+@pytest.mark.parametrize("transport", ["gloo", pytest.param("mpi", marks=pytest.mark.scale)])
 def test_corrupt_newest_checkpoint_is_renamed_and_the_previous_one_used(tmp_path, transport, need_mpi):
     out = tmp_path / "out"
     common = [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "2", "--checkpoint-every", "10",
@@ -95,16 +98,6 @@ def test_resume_refuses_changed_settings_and_announces_adjustable_ones(tmp_path)
     assert "1 worker x batch 16 = global batch 16; lr 0.1;" in run.output, run.describe()
     assert "resuming at epoch 0 sample 192 (step 6)" in run.output, run.describe()  # 6 steps of 32
     assert checkpoint_at(out, 8)["train_state"]["epoch_samples"] == 192 + 2 * 16
-
-
-def test_relaunching_a_finished_run_changes_nothing(tmp_path):
-    out = tmp_path / "out"
-    common = [CNN, "--output-dir", out, *QUICK_CNN, "--epochs", "1"]
-    ok(horovodrun(2, common, timeout=180))
-    before = {p.name: p.read_bytes() for p in [out / "results.json", out / "metrics.jsonl"]}
-    run = ok(horovodrun(2, common, timeout=180))
-    assert "holds a finished run" in run.output and "results.json" in run.output, run.describe()
-    assert before == {p.name: p.read_bytes() for p in [out / "results.json", out / "metrics.jsonl"]}
 
 
 def test_relaunch_past_stop_after_trains_nothing(tmp_path):

@@ -78,7 +78,10 @@ def bert_one_worker(tmp_path_factory):
     return bert_reference(tmp_path_factory.mktemp("bert"), TIMEOUT)
 
 
-@pytest.mark.parametrize("shape, launcher", forms("mpirun", "mpirun", "horovodrun"))
+# All in `make test-scale`: BERT's n ranks = one worker is test_balance.py's (one host, --balance's
+# global order), ranks on several hosts the CNN's above; this is their larger form.
+@pytest.mark.parametrize("shape, launcher", [pytest.param(*form.values, marks=pytest.mark.scale, id=form.id)
+                                             for form in forms("mpirun", "mpirun", "horovodrun")])
 def test_pretrain_bert_on_hosts_equals_one_worker(four_hosts, bert_one_worker, shape, launcher, tmp_path):
     """N ranks x 16/N sequences (4 x 4 on two hosts, 16 x 1 on four) = one worker x 16."""
     common, reference = bert_one_worker
