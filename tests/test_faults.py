@@ -77,10 +77,11 @@ def run_cells(wanted, root, cluster=None):
         if cell == "slow checkpoint":
             return cell, (slow_checkpoint_run(root / "slow-checkpoint"), root / "slow-checkpoint")
         if cell == "frozen in an evaluation":
-            return cell, run_cell("stop", "mpirun", root / "stop-in-evaluation", FAST, where=EVALUATION)
+            return cell, run_cell("stop", "mpirun", root / "stop-in-evaluation", FAST, where=EVALUATION,
+                                  hold_waits=True)
         fault, launcher, defaults = cell
         name = f"{fault}-{launcher.replace(' --', '-')}{'-default' if defaults else ''}"
-        return cell, run_cell(fault, launcher, root / name, None if defaults else FAST, cluster)
+        return cell, run_cell(fault, launcher, root / name, None if defaults else FAST, cluster, hold_waits=True)
 
     with ThreadPoolExecutor(PARALLEL) as pool:
         return dict(pool.map(one, wanted))

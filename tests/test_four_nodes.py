@@ -19,7 +19,7 @@ from support.commands import CNN, PRETRAIN
 from support.elastic_jobs import discovery, world_sizes, write_hosts
 from support.hosts import INTERFACE
 from support.launch import RANK_TRACEBACK, launch, wait_then
-from support.ranks import cpu_share, rank_pids, require_cpu_cgroup, slow_down, standing_by
+from support.ranks import cpu_share, rank_pids, require_cpu_cgroup, slow_down, standing_by, waits_held_once_frozen
 from support.sixteen_ranks import (BERT_COMPARED_STEPS, FOUR_BY_4, SMALL, TWO_BY_2, Shape,
                                    assert_placed_four_per_host, assert_same_weights_as, bert_reference, sixteen_by_4,
                                    trained)
@@ -201,10 +201,12 @@ def test_rank_0s_node_frozen_is_one_line_from_the_first_rank_of_another_node(fou
     naming no one.)"""
     lost, slots = rank_0_host(shape, launcher), shape.slots
     try:
-        run = on_four_hosts(four_hosts, tmp_path, launcher,
-                            [*SMALL, "--batch-size", 64 // shape.ranks, "--epochs", "3", "--output-dir", tmp_path / "run"],
-                            env={"HVDTRAIN_FAULT": f"rank=0-{slots - 1},step=15,kind=stop",
-                                 "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"}, shape=shape, launch_on=shape.last)
+        with waits_held_once_frozen(str(tmp_path / "run"), shape.ranks):  # the survivors' MPI waits poll
+            run = on_four_hosts(four_hosts, tmp_path, launcher,
+                                [*SMALL, "--batch-size", 64 // shape.ranks, "--epochs", "3",
+                                 "--output-dir", tmp_path / "run"],
+                                env={"HVDTRAIN_FAULT": f"rank=0-{slots - 1},step=15,kind=stop",
+                                     "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "15"}, shape=shape, launch_on=shape.last)
     finally:
         four_hosts.vanish(lost, CNN.name)  # a frozen node stays frozen (see above)
     assert run.returncode != 0 and not run.timed_out, run.describe()

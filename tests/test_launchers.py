@@ -20,6 +20,7 @@ from support.checkpoints import any_checkpoint
 from support.checks import ok, the_error_line
 from support.launch import REPO, SCRIPTS, launch, python, wait_then
 from support.hosts import INTERFACE, Hosts, require_hosts
+from support.ranks import waits_held
 
 HOSTFILES = REPO / "hostfiles"
 TINY_CNN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--epochs", "1", "--max-steps", "3"]
@@ -104,14 +105,17 @@ def test_a_partitioned_host_ends_an_mpirun_job_with_one_line_naming_it(need_horo
     out = tmp_path / "run"
     cut = {}
 
-    def partition():
+    def partition(hold):
         cut["at"] = time.monotonic()
         two_hosts.link("hvd-b", "down")
+        hold()  # both ranks now wait in MPI, which polls
 
-    # Training has begun once the first periodic checkpoint is on disk.
-    watcher = wait_then(lambda: any_checkpoint(out), partition, 200)
+    watcher = None
     try:
-        with two_hosts.named("hvd-b", "hvd-a") if names == "one host name" else contextlib.nullcontext():
+        with waits_held(str(out), 2) as hold, \
+                (two_hosts.named("hvd-b", "hvd-a") if names == "one host name" else contextlib.nullcontext()):
+            # Training has begun once the first periodic checkpoint is on disk.
+            watcher = wait_then(lambda: any_checkpoint(out), lambda: partition(hold), 200)
             ran = launch(two_hosts.on_first([
                 *two_hosts.mpirun(2, hostfile, pass_env=["HVDTRAIN_WATCHDOG_FLOOR_SECONDS"]),
                 sys.executable, SCRIPTS / "train_cnn.py", "--dataset", "synthetic", "--synthetic-samples", "100000",
@@ -121,7 +125,8 @@ def test_a_partitioned_host_ends_an_mpirun_job_with_one_line_naming_it(need_horo
                                   "HVDTRAIN_WATCHDOG_FLOOR_SECONDS": "20"})
         ended = time.monotonic()
     finally:
-        watcher.join(timeout=1)
+        if watcher is not None:
+            watcher.join(timeout=1)
         two_hosts.link("hvd-b", "up")  # for the next tests
     assert "at" in cut, ran.describe()
     assert not ran.timed_out and ran.returncode != 0, ran.describe()

@@ -30,7 +30,7 @@ from support.commands import CNN, DISCOVER
 from support.hosts import INTERFACE
 from support.launch import launch
 from support.needs import require_module, require_program
-from support.ranks import cpu_share, require_cpu_cgroup, slow_down
+from support.ranks import cpu_share, require_cpu_cgroup, slow_down, waits_held, waits_held_once_frozen
 from support.sixteen_ranks import (BERT_COMPARED_STEPS, FOUR_BY_4, RANKS, SMALL, TWO_BY_2,
                                    assert_placed_four_per_host, assert_same_weights_as, bert_reference, one_worker,
                                    sixteen_by_4)
@@ -206,7 +206,8 @@ def test_a_frozen_node_under_srun_ends_the_job_with_one_line_naming_it(four_node
     job = srun_job(four_node_slurm, four_hosts, tmp_path / "job.out", tmp_path / "run",
                    {"HVDTRAIN_FAULT": f"rank={lost},step=15,kind=stop", **QUICK_WATCHDOG}, shape)
     try:
-        info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
+        with waits_held_once_frozen(str(tmp_path / "run"), shape.ranks):  # the survivors' MPI waits poll
+            info = four_node_slurm.wait_for_end(job, JOB_TIMEOUT)
     finally:
         four_hosts.vanish(shape.last, "train_cnn.py")  # should a stopped rank outlive the job
     log = (tmp_path / "job.out").read_text(errors="replace")
@@ -229,7 +230,9 @@ def test_a_partitioned_node_under_srun_ends_the_job_within_120_s_with_one_line(f
     cut = time.monotonic()
     four_hosts.link(shape.last, "down")
     try:
-        four_node_slurm.wait_for(job, lambda info: info.get("JobState") != "RUNNING", "ended", JOB_TIMEOUT)
+        with waits_held(str(out), shape.ranks) as hold:
+            hold()  # every rank now waits in MPI, which polls
+            four_node_slurm.wait_for(job, lambda info: info.get("JobState") != "RUNNING", "ended", JOB_TIMEOUT)
         ended = time.monotonic()
     finally:
         four_hosts.link(shape.last, "up")

@@ -8,11 +8,13 @@ rank 1 SIGSTOPs or SIGKILLs its own process, deadlocks its main thread, or
 raises, right after step FAULT_STEP. Shared by tests/test_faults.py and
 tools/fault_matrix.py (the README's table).
 """
+import contextlib
 import re
 import time
 from dataclasses import dataclass
 
 from .launch import REPO, SCRIPTS, horovodrun, launch
+from .ranks import waits_held_once_frozen
 
 FAULTS = ("stop", "deadlock", "kill", "raise")
 LAUNCHERS = ("horovodrun --gloo", "horovodrun --mpi", "mpirun", "srun")
@@ -70,20 +72,23 @@ def fault_env(fault, extra=None, where=None):
     return {"HVDTRAIN_FAULT": f"rank=1,{where or f'step={FAULT_STEP}'},kind={fault}", **(extra or {})}
 
 
-def run_cell(fault, launcher, out_dir, env=None, cluster=None, where=None):
+def run_cell(fault, launcher, out_dir, env=None, cluster=None, where=None, hold_waits=False):
     """One launch of the trainer with ``fault`` on rank 1 (after FAULT_STEP, or ``where``
-    says: EVALUATION); returns its Cell."""
+    says: EVALUATION); returns its Cell. ``hold_waits`` (the tests): a rank stopped under an MPI
+    launcher holds the other rank's wait, which polls, to a sliver of a core (support/ranks.py)."""
     args = [*TRAIN, "--output-dir", out_dir, "--no-resume"]
     env = fault_env(fault, env, where)
+    held = hold_waits and fault == "stop" and launcher != "horovodrun --gloo"
     started = time.time()
-    if launcher == "srun":  # the sbatch file names the script itself
-        returncode, output, timed_out = _slurm_job(cluster, args[1:], env, out_dir)
-    elif launcher == "mpirun":
-        ran = launch(["mpirun", "-np", "2", "--bind-to", "none", "python", *args], LAUNCH_TIMEOUT, env=env)
-        returncode, output, timed_out = ran.returncode, ran.output, ran.timed_out
-    else:
-        ran = horovodrun(2, args, LAUNCH_TIMEOUT, transport=launcher.split("--")[1], env=env)
-        returncode, output, timed_out = ran.returncode, ran.output, ran.timed_out
+    with waits_held_once_frozen(str(out_dir), 2) if held else contextlib.nullcontext():
+        if launcher == "srun":  # the sbatch file names the script itself
+            returncode, output, timed_out = _slurm_job(cluster, args[1:], env, out_dir)
+        elif launcher == "mpirun":
+            ran = launch(["mpirun", "-np", "2", "--bind-to", "none", "python", *args], LAUNCH_TIMEOUT, env=env)
+            returncode, output, timed_out = ran.returncode, ran.output, ran.timed_out
+        else:
+            ran = horovodrun(2, args, LAUNCH_TIMEOUT, transport=launcher.split("--")[1], env=env)
+            returncode, output, timed_out = ran.returncode, ran.output, ran.timed_out
     ended = time.time()
     injected = _INJECTED.search(output)
     return Cell(fault, launcher, returncode, ended - started,

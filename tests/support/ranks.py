@@ -2,6 +2,7 @@
 import contextlib
 import itertools
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,6 +38,60 @@ def slow_down(share, marker, ranks):
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):  # a rank that ended meanwhile
             share.add(pid)
+
+
+# Open MPI's blocking waits poll: a rank waiting in a collective for a frozen or cut-off peer spins
+# a whole core, mpi_yield_when_idle or not (10.0 CPU-s in 10 s here; Horovod's Gloo wait sleeps:
+# 0.06 CPU-s). A test that freezes or cuts off ranks on purpose holds the job's waiting ranks to
+# this share of a core (their watchdog and heartbeat threads need little), so that the wait it
+# proves, up to the watchdog's minute, costs the tests beside it nothing.
+WAITING_SHARE = 0.2
+
+
+@contextmanager
+def waits_held(marker, ranks):
+    """While it is entered, ``hold()`` moves the live ranks of the job marked ``marker`` (launched
+    as ``ranks``), but stopped ones, into a WAITING_SHARE group: once the test has cut them off or
+    frozen their peers. Without a writable CPU controller they wait at full cost (nothing else changes)."""
+    if not os.access(CPU_CGROUP, os.W_OK):
+        yield lambda: None
+        return
+    with cpu_share(WAITING_SHARE) as share:
+        def hold():
+            for pid in (pid for rank in range(ranks) for pid in rank_pids(marker, rank)):
+                if not frozen(pid):
+                    with contextlib.suppress(OSError):  # ended meanwhile
+                        share.add(pid)
+        yield hold
+
+
+@contextmanager
+def waits_held_once_frozen(marker, ranks):
+    """While it is entered: once a rank of the job marked ``marker`` (launched as ``ranks``) is
+    stopped (a frozen rank, HVDTRAIN_FAULT's stop), its other ranks' waits are held (``waits_held``)."""
+    with waits_held(marker, ranks) as hold:
+        done = threading.Event()
+
+        def watch():
+            while not done.wait(1.0):
+                if any(frozen(pid) for rank in range(ranks) for pid in rank_pids(marker, rank)):
+                    hold()
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
+
+
+def frozen(pid):
+    """Whether ``pid`` is stopped (SIGSTOP), not merely gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def standing_by(pid):
