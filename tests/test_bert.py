@@ -204,6 +204,7 @@ def test_continued_pretraining_from_a_hugging_face_directory(pretrained, small_s
                    f"--init-checkpoint {existing} was trained with a different vocabulary than the shards")
 
 
+@pytest.mark.scale  # the CNN's in make test (test_train_cnn.py): both trainers stop through runtime/signals.py
 def test_signal_to_one_rank_checkpoints_every_rank_and_resumes(data_dir, tmp_path):
     """SIGUSR1 (Slurm's warning before the time limit) to rank 1 only: both ranks stop together."""
     output = tmp_path / "preempted"

@@ -22,7 +22,8 @@ from support.checkpoints import checkpoint_file, checksum_file, set_aside
 from support.checks import ok, one_error_line, only_an_error_line, the_error_line
 from support.commands import CNN, DISCOVER, NO_ALLOCATION, PRETRAIN, QUICK_CNN, make_hostfile
 from support.image_data import make_cifar10
-from support.launch import SCRIPTS, horovodrun, launch, python
+from support.launch import SCRIPTS, horovodrun, launch, python, wait_then
+from support.ranks import waits_held
 from support.locks import lock_of
 
 pytestmark = pytest.mark.usefixtures("need_horovod")
@@ -51,7 +52,10 @@ def test_second_job_on_a_busy_output_dir_exits_2_naming_the_holder(tmp_path):
         wait $first
         echo "first exit $?"
     """
-    run = launch(["bash", "-c", script], timeout=300)
+    # The first run only holds the lock meanwhile: once it trains, a sliver of a core is enough.
+    with waits_held("--epochs 1000", 2) as hold:
+        wait_then(lambda: (out / "metrics.jsonl").exists(), hold, 200)
+        run = launch(["bash", "-c", script], timeout=300)
     assert not run.timed_out, run.describe()
     first_log = (tmp_path / "first.log").read_text()
     assert "first exit 0" in run.output and "stopped by SIGUSR1" in first_log, run.describe() + first_log

@@ -110,24 +110,7 @@ def test_three_workers_train_the_same_weights_bit_for_bit_whatever_horovods_cycl
         assert torch.equal(fast["model"][key], value), (key, (fast["model"][key] - value).abs().max().item())
 
 
-def test_stop_and_resume_gives_the_same_weights_bit_for_bit(tmp_path):
-    """Uninterrupted 60 steps == 30 steps, a new launch, 30 more (ResNet-20 with
-    BatchNorm, augmentation in a DataLoader worker, an epoch end at step 44)."""
-    common = ["--image-size", "8", "--epochs", "2", "--workers", "1", "--checkpoint-every", "25"]
-    whole, pieces = tmp_path / "whole", tmp_path / "pieces"
-    train(2, [*common, "--max-steps", "60"], whole)
-    train(2, [*common, "--max-steps", "30"], pieces)
-    second = train(2, [*common, "--max-steps", "60"], pieces)
-    assert "resuming at epoch 0 sample 960 (step 30)" in second.output, second.describe()
-    expected, actual = checkpoint_at(whole, 60), checkpoint_at(pieces, 60)
-    at = actual["train_state"]
-    assert (at["epoch"], at["step_in_epoch"], at["step"]) == (1, 16, 60)
-    for key, value in expected["model"].items():
-        assert torch.equal(actual["model"][key], value), key
-    for index, state in expected["optimizer"]["state"].items():
-        assert torch.equal(actual["optimizer"]["state"][index]["momentum_buffer"], state["momentum_buffer"])
-    assert actual["scheduler"]["last_epoch"] == expected["scheduler"]["last_epoch"] == 60
-    assert len(actual["ranks"]) == 2  # one RNG state per rank
+# Stop and resume = the uninterrupted run, bit for bit: test_checkpoints.py (its rows and weights).
 
 
 def test_image_folder_of_mixed_modes_trains_one_epoch_under_mpi(tmp_path, need_mpi):
