@@ -277,6 +277,43 @@ def test_a_frozen_worker_is_ended_and_its_slot_gets_a_new_one(need_horovod, tmp_
     assert rank_1[-1][1] != frozen[0] and rank_1[-1][2] == 2, (frozen, rank_1[-3:], ran.describe())
 
 
+def test_a_host_cut_off_is_named_once_and_left_behind_while_the_others_go_on(need_horovod, two_hosts, tmp_path):
+    """hvd-b's link goes down mid-epoch (its two workers alive, their packets lost) under a Gloo
+    timeout of 120 s: Horovod's driver finds hvd-b's workers silent (HOROVOD_ELASTIC_UNRESPONSIVE_SECS
+    5 here), names them in one line and ends them where it can (their launch processes: hvd-b does
+    not answer ssh); rank 0, waiting in a collective with them, learns of the lost host from its Gloo
+    connections (TCP keepalives unanswered for HOROVOD_GLOO_PEER_TIMEOUT_SECONDS, 10 here) and the
+    job goes on at one rank, every sample once. Before the patch's peer timeout rank 0 waited out
+    Gloo's timeout (30 s a fault by default), and here its watchdog ended the whole job at 60 s."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "hvd-a slots=1", "hvd-b slots=2")
+    cut = {}
+
+    def partition():
+        cut["at"] = time.monotonic()
+        two_hosts.link("hvd-b", "down")
+
+    watcher = wait_then(lambda: mid_epoch_checkpoint(out), partition, 200)
+    try:
+        ran = launch(two_hosts.on_first(elastic_command(hostfile, 3, [*CNN, "--epochs", "3", "--output-dir", out],
+                                                        interface=INTERFACE)),
+                     timeout=300, env={**two_hosts.env(), "HOROVOD_ELASTIC_UNRESPONSIVE_SECS": "5",
+                                       "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_SECONDS)})
+        ended = time.monotonic()
+    finally:
+        watcher.join(timeout=1)
+        two_hosts.link("hvd-b", "up")  # for the next tests
+        two_hosts.vanish("hvd-b", str(out))  # its workers, cut off from the ssh that started them
+    assert "at" in cut, ran.describe()
+    ok(ran)
+    assert world_sizes(ran) == [3, 1], ran.describe()
+    said = re.findall(r"elastic: a worker was lost \(2 workers of hvd-b \(ranks 1-2\) answered nothing for \d+ s "
+                      r"\(their host stalled or cut off, or each frozen\); horovodrun ended them", ran.output)
+    assert len(said) == 1 and "horovodrun: elastic:" not in ran.output, ran.describe()  # one line, rank 0's
+    assert ended - cut["at"] < 60, f"ended {ended - cut['at']:.0f} s after the cut\n{ran.describe()}"
+    assert_every_epoch_complete(out, 3)
+
+
 @pytest.mark.scale  # test_four_nodes.py's elastic test kills a whole node's ranks across hosts
 def test_a_killed_worker_on_another_host(need_horovod, two_hosts, tmp_path):
     """Across two hosts (ssh to hvd-b): SIGKILL the rank on hvd-b mid-epoch; hvd-a finishes alone."""

@@ -45,6 +45,20 @@ then loses a random host's workers at once (a node lost: Horovod takes the host
 out, the others go on, and the host is listed again after `--return-after` seconds,
 horovodrun's blacklist cooldown, and joins at the job's next commit).
 
+`--fault link` takes a random host's link down (not the launcher's host) for
+`--return-after` seconds: its workers alive, their packets lost. A cut shorter than
+HOROVOD_ELASTIC_UNRESPONSIVE_SECS is a pause (the collectives go on once TCP resends);
+a longer one has horovodrun's driver end the host's workers and the others go on
+without it until it is listed again. `--fault slow` holds a random worker to
+`--slow-share` of a core for `--return-after` seconds (a cgroup; root): a straggler
+that every step waits for. Each fault's `pause_s` is the longest stretch without a
+step from it to the next fault, whether the job reset or not.
+
+`--trainer bert` runs `pretrain_bert.py --elastic` (tiny, fp32, `--steps`, the
+embedded corpus prepared by the tool with length bins and static masking) instead;
+every rank records the instances it trains (HVDTRAIN_RECORD_INSTANCES), and every
+epoch but the last must hold each instance once, the last none twice.
+
 HOROVOD_ELASTIC_HOST_FAILURE_LIMIT is raised for these runs: its default (3) takes
 a host out at its third failed worker, the policy for a node that keeps crashing,
 which on one host would end the job at the third fault (docs/launching.md).
@@ -70,23 +84,30 @@ from pathlib import Path
 import torch
 
 from support.launch import Timed
-from support.commands import CNN
+from support.bert_data import NO_DROPOUT_CONFIG, trained_instances
+from support.commands import CNN, PREPARE, PRETRAIN
+from support.checks import succeeded
+from support.launch import python
 from support.elastic_jobs import elastic_command, write_hosts
 from support.hosts import INTERFACE, Hosts, require_hosts
-from support.ranks import rank_pids, standing_by, stopped
+from support.ranks import CPU_CGROUP, cpu_share, rank_pids, standing_by, stopped
 
 DIGITS_TRAIN = 1438  # the digits samples train_cnn.py trains on (its fixed validation split aside)
 PROGRESS = re.compile(r"progress: step (\d+)/(\d+)")
 # What first says a fault was seen: the elastic reset's line, or the fixed-size job's one error line.
 DETECTED = re.compile(r"elastic: a worker was lost\b.*; back to the last commit|: error: "
-                      r"|elastic: the worker of \S+ .*answered nothing for")
-WORLD = re.compile(r"(\d+) workers? x batch")
-EPOCH = re.compile(r"epoch \d+ step \d+ lr ")  # an epoch's summary line: training, not a fault's
+                      r"|elastic: (the worker|\d+ workers) of \S+ .*answered nothing for")
+WORLD = re.compile(r"(\d+) (?:workers? x batch|rank\(s\), global batch)")  # train_cnn.py's, pretrain_bert.py's
+# Training's own lines, not a fault's: an epoch's summary (train_cnn.py), a logged step (pretrain_bert.py),
+# where an elastic BERT epoch goes on, a checkpoint written, the run's last line.
+EPOCH = re.compile(r"epoch \d+ step \d+ lr |step +\d+ \| mlm loss |elastic: epoch \d+ goes on from instance"
+                   r"|checkpoint step-\d+\.pt written|; results in \S+results\.json|finished at step \d+")
 # With --horovod-log-level INFO: what horovodrun's driver and Horovod's workers log (not the job's lines).
 HOROVOD_LOG = re.compile(r"^(INFO|DEBUG|WARNING):\S+:|<std(out|err)>:\[\d{4}-\d\d-\d\d [\d:. ]+: [TDIWE] ")
 DRIVER_SAW = re.compile(r"record state: \S+ = FAILURE")  # the driver saw a worker exit
 ASSIGNED = re.compile(r"INFO:root:reset workers: \d+")  # the driver assigned a world
 INITIALIZED = re.compile(r"\]: Horovod initialized")  # a world's Gloo contexts formed
+FAULTS = ["worker", "host", "frozen", "link", "slow"]
 ENV = {"HVDTRAIN_PROGRESS_SECONDS": "0.001",  # a progress line every step: the timeline
        "HOROVOD_ELASTIC_HOST_FAILURE_LIMIT": "1000000"}
 
@@ -96,7 +117,11 @@ def parse_args(argv=None):
     parser.add_argument("--ranks", type=int, default=4, help="slots on this machine (a divisor of --global-batch)")
     parser.add_argument("--interval", type=float, nargs="+", default=[60.0, 30.0, 15.0],
                         help="mean seconds between faults, one faulty run each")
+    parser.add_argument("--trainer", choices=["cnn", "bert"], default="cnn",
+                        help="the job: train_cnn.py (digits, convnet) or pretrain_bert.py (tiny BERT, the "
+                             "embedded corpus prepared by the tool, length bins)")
     parser.add_argument("--epochs", type=int, default=40, help="the job's length in digits epochs (45 steps each)")
+    parser.add_argument("--steps", type=int, default=300, help="--trainer bert: the job's length in steps")
     parser.add_argument("--global-batch", type=int, default=32, help="samples per step at every world size")
     parser.add_argument("--commit-every", type=int, default=10, help="--elastic-commit-every of the job")
     parser.add_argument("--faults", type=int, default=0, help="at most this many faults a run (0: no limit)")
@@ -113,12 +138,18 @@ def parse_args(argv=None):
     parser.add_argument("--hosts", type=int, default=0,
                         help="simulated hosts the slots spread over (network namespaces with sshd; root); "
                              "0: this machine")
-    parser.add_argument("--fault", choices=["worker", "host", "frozen"], default="worker",
+    parser.add_argument("--fault", choices=FAULTS, default="worker",
                         help="what a fault does: SIGKILL a random worker, or every worker of a random host "
                              "(--hosts), or SIGSTOP a random worker (frozen: Horovod's driver ends it once it "
-                             "answers nothing for HOROVOD_ELASTIC_UNRESPONSIVE_SECS)")
+                             "answers nothing for HOROVOD_ELASTIC_UNRESPONSIVE_SECS), or take a random host's "
+                             "link down for --return-after seconds (link: its workers alive, their packets lost; "
+                             "not the launcher's host), or hold a random worker to --slow-share of a core for "
+                             "--return-after seconds (slow: a straggler)")
     parser.add_argument("--return-after", type=int, default=5, metavar="SECONDS",
-                        help="--fault host: seconds until a lost host is listed again (the blacklist cooldown)")
+                        help="--fault host or link: seconds until a lost host is listed again (the blacklist "
+                             "cooldown; link: its link is up again then); --fault slow: seconds a worker is held")
+    parser.add_argument("--slow-share", type=float, default=0.02, metavar="CORES",
+                        help="--fault slow: the CPU a slowed worker gets, in cores (a cgroup's quota; root)")
     parser.add_argument("--spares", type=int, default=0, metavar="N",
                         help="workers each host keeps standing by to take a lost worker's slot "
                              "(HOROVOD_ELASTIC_SPARES; the elastic path)")
@@ -142,16 +173,25 @@ def parse_args(argv=None):
         parser.error("--interval: mean seconds between faults must be positive")
     if args.hosts < 0 or (args.hosts and args.ranks % args.hosts):
         parser.error(f"--hosts {args.hosts}: must divide --ranks {args.ranks}")
-    if args.fault == "host" and args.hosts < 2:
-        parser.error("--fault host: needs --hosts 2 or more (a job on one host ends with it)")
+    if args.fault in ("host", "link") and args.hosts < 2:
+        parser.error(f"--fault {args.fault}: needs --hosts 2 or more (a job on one host ends with it)")
+    if args.fault == "slow" and not 0 < args.slow_share:
+        parser.error(f"--slow-share {args.slow_share:g}: must be a positive share of a core")
+    if args.fault == "slow" and not os.access(CPU_CGROUP, os.W_OK):
+        parser.error(f"--fault slow: needs a writable cgroup v1 CPU controller at {CPU_CGROUP} (root)")
     if args.fault == "frozen" and args.relaunch:
         parser.error("--fault frozen: the elastic path only (a fixed-size job's watchdog ends a frozen rank's job)")
     return args
 
 
-def job(args, out):
+def job(args, out, data=None):
     saving = (["--checkpoint-every", args.commit_every] if args.relaunch
               else ["--elastic", "--elastic-commit-every", args.commit_every])
+    if args.trainer == "bert":
+        return [PRETRAIN, "--data", data, "--config", data.parent / "bert-config.json", "--precision", "fp32",
+                "--threads", "1",
+                "--steps", args.steps, "--global-batch", args.global_batch, "--batch-size", args.global_batch // args.ranks,
+                "--log-every", "50", *saving, "--output-dir", out]
     return [CNN, "--dataset", "digits", "--model", "convnet", "--precision", "fp32",
             "--threads", "1", "--epochs", args.epochs, "--global-batch", args.global_batch,
             "--batch-size", args.global_batch // args.ranks, "--lr", "0.01", *saving, "--output-dir", out]
@@ -200,10 +240,11 @@ class Place:
     def write_hostfile(self, path):
         write_hosts(path, *(f"{name} slots={self.slots}" for name in self.names))
 
-    def launch(self, command, timeout, **timeline):
+    def launch(self, command, timeout, env=(), **timeline):
         if self.hosts:
-            return Timed(self.hosts.on_first(command), {**self.env, **self.hosts.env()}, timeout, **timeline)
-        return Timed(command, self.env, timeout, **timeline)
+            return Timed(self.hosts.on_first(command), {**self.env, **dict(env), **self.hosts.env()}, timeout,
+                         **timeline)
+        return Timed(command, {**self.env, **dict(env)}, timeout, **timeline)
 
     def host_of(self, pid):
         """The host ``pid`` runs on (its network namespace), None where it is gone."""
@@ -230,6 +271,8 @@ class Schedule:
         self.kills = []  # seconds since the launch
         self.victims = []  # (seconds since the launch, [(pid, rank it was started as)])
         self.done = threading.Event()
+        self.cut, self.held = set(), set()  # hosts whose link is down, workers held (--fault link, slow)
+        self.undos, self.pending, self.undoing = [], set(), threading.Lock()
         self.workers = Workers(out, args.ranks, self.done)
         self.thread = threading.Thread(target=self.inject, daemon=True)
         self.thread.start()
@@ -262,13 +305,17 @@ class Schedule:
                 self.wait_for_training_after(self.kills[-1])
 
     def kill_one(self):
-        """SIGKILL a random worker, or every worker of a random host (--fault host); the relaunch
-        path: once the next launch has them. False where none was found."""
+        """One fault (--fault): SIGKILL a random worker, or every worker of a random host; SIGSTOP a
+        worker; a host's link down, or a worker held to --slow-share, for --return-after seconds. The
+        relaunch path: once the next launch has workers. False where none was found."""
         pids = self.workers.pids()
         while not pids and self.args.relaunch and not self.done.wait(0.1):
             pids = self.workers.pids()
+        pids = [pid for pid in pids if pid not in self.held]
         if not pids:
             return False
+        if self.args.fault == "link":
+            return self.cut_link(pids)
         if self.args.fault == "host":
             on = {}
             for pid in pids:
@@ -276,18 +323,65 @@ class Schedule:
             victims = on[self.rng.choice(sorted(host for host in on if host))]
         else:
             victims = [self.rng.choice(pids)]
-        killed = []
+        hit = []
         for pid in victims:
             started_as = started_rank(pid)
             try:
-                os.kill(pid, signal.SIGSTOP if self.args.fault == "frozen" else signal.SIGKILL)
-                killed.append((pid, started_as))
-            except ProcessLookupError:
+                if self.args.fault == "slow":
+                    self.hold(pid)
+                else:
+                    os.kill(pid, signal.SIGSTOP if self.args.fault == "frozen" else signal.SIGKILL)
+                hit.append((pid, started_as))
+            except (ProcessLookupError, OSError):
                 pass
-        if killed:
-            self.kills.append(time.monotonic() - self.run.started)
-            self.victims.append((round(self.kills[-1], 2), killed))
-        return bool(killed)
+        if hit:
+            self.record(hit)
+        return bool(hit)
+
+    def record(self, hit):
+        self.kills.append(time.monotonic() - self.run.started)
+        self.victims.append((round(self.kills[-1], 2), hit))
+
+    def cut_link(self, pids):
+        """A random host's link down (not the launcher's: the job ends with it), up again after
+        --return-after seconds; its workers stay alive, their packets lost."""
+        on = {}
+        for pid in pids:
+            on.setdefault(self.place.host_of(pid), []).append(pid)
+        hosts = sorted(host for host in on if host and host != self.place.names[0] and host not in self.cut)
+        if not hosts:
+            return False
+        host = self.rng.choice(hosts)
+        self.place.hosts.link(host, "down")
+        self.cut.add(host)
+        self.record([(pid, started_rank(pid)) for pid in on[host]])
+        self.later(lambda: (self.place.hosts.link(host, "up"), self.cut.discard(host)))
+        return True
+
+    def hold(self, pid):
+        """``pid`` into a cgroup of --slow-share of a core, for --return-after seconds."""
+        share = cpu_share(self.args.slow_share)
+        group = share.__enter__()
+        try:
+            group.add(pid)
+        except OSError:  # it ended meanwhile
+            share.__exit__(None, None, None)
+            raise
+        self.held.add(pid)
+        self.later(lambda: (share.__exit__(None, None, None), self.held.discard(pid)))
+
+    def later(self, undo):
+        """``undo`` after --return-after seconds, or when the run ends, whichever is first."""
+        timer = threading.Timer(self.args.return_after, self.undo, [undo])
+        self.pending.add(undo)
+        self.undos.append((timer, undo))
+        timer.start()
+
+    def undo(self, action):
+        with self.undoing:
+            if action in self.pending:
+                self.pending.discard(action)
+                action()
 
     def wait_for_training_after(self, kill_at):
         """Until the new world's first step after the kill at ``kill_at`` (or the run's end)."""
@@ -299,6 +393,9 @@ class Schedule:
     def stop(self):
         self.done.set()
         self.thread.join()
+        for timer, undo in self.undos:  # links up, workers released, for the next run
+            timer.cancel()
+            self.undo(undo)
         return self.kills
 
 
@@ -311,12 +408,17 @@ def started_rank(pid):
     return next((int(entry.split(b"=", 1)[1]) for entry in environ if entry.startswith(b"HOROVOD_RANK=")), None)
 
 
+def fault_name(args):
+    return {"frozen": "SIGSTOP", "link": "link down, the workers of", "slow": f"held to {args.slow_share:g} "
+            f"of a core for {args.return_after} s:"}.get(args.fault, "SIGKILL")
+
+
 def write_log(args, name, run, schedule):
     """--log: the run's whole output, each line with its seconds since the launch, and its faults."""
     if not args.log:
         return
     args.log.mkdir(parents=True, exist_ok=True)
-    faults = [f"{at:9.2f} chaos.py: {'SIGSTOP' if args.fault == 'frozen' else 'SIGKILL'} "
+    faults = [f"{at:9.2f} chaos.py: {fault_name(args)} "
               + ", ".join(f"pid {pid} (started as rank {rank})" for pid, rank in hit)
               for at, hit in (schedule.victims if schedule else [])]
     lines = sorted([(at, f"{at:9.2f} {line}") for at, line in run.lines]
@@ -330,10 +432,10 @@ def launch(args, place, out, hostfile, interval=None, seed=0):
         run, kills = relaunch_loop(args, place, out, interval, seed)
     else:
         # The cooldown: how long a host whose every worker failed stays out (--fault host).
-        command = elastic_command(hostfile, args.ranks, job(args, out), interface=place.interface,
+        command = elastic_command(hostfile, args.ranks, job(args, out, args.data), interface=place.interface,
                                   extra=["--blacklist-cooldown-range", args.return_after, args.return_after,
                                          *(["--log-level", args.horovod_log_level] if args.horovod_log_level else [])])
-        run = place.launch(command, args.timeout)
+        run = place.launch(command, args.timeout, recording(args, out))
         schedule = Schedule(run, out, args, interval, random.Random(seed), place) if interval is not None else None
         run.wait()
         kills = schedule.stop() if schedule else []
@@ -344,16 +446,39 @@ def launch(args, place, out, hostfile, interval=None, seed=0):
     return run, kills
 
 
+def recording(args, out):
+    """--trainer bert: every rank records the instances of each step it trains (HVDTRAIN_RECORD_INSTANCES,
+    a test hook): the samples check's. train_cnn.py counts each epoch's samples in its metrics."""
+    return {"HVDTRAIN_RECORD_INSTANCES": str(instances_record(out))} if args.trainer == "bert" else {}
+
+
+def instances_record(out):
+    return out.parent / f"{out.name}.instances"
+
+
+def prepare_bert(scratch):
+    """The embedded corpus (CPython's documentation), 64 tokens, length bins of 16, static masking: the
+    data of test_elastic.py's BERT test, the whole corpus; the suite's two-layer BERT without dropout
+    (a rank's dropout masks are its own: a worker that replaces a lost one draws others, and the
+    weights could not be held to the run without faults)."""
+    data = scratch / "bert-data"
+    succeeded(python([PREPARE, "--output-dir", data, "--max-seq-length", "64", "--vocab-size", "1000",
+                      "--dupe-factor", "1", "--masking", "static", "--bin-size", "16"], timeout=600))
+    (scratch / "bert-config.json").write_text(json.dumps(NO_DROPOUT_CONFIG))
+    return data
+
+
 def relaunch_loop(args, place, out, interval, seed):
     """The relaunch path: a fixed-size job, ended in one line by each fault, launched again at once
     (resuming from its newest checkpoint) until it completes; one timeline for all its launches."""
     command = ["horovodrun", "-np", args.ranks, "-H", ",".join(f"{name}:{place.slots}" for name in place.names),
-               "--gloo", "--network-interface", place.interface, sys.executable, *job(args, out)]
+               "--gloo", "--network-interface", place.interface, sys.executable, *job(args, out, args.data)]
     timeline = types.SimpleNamespace(started=time.monotonic(), lines=[])
     schedule = Schedule(timeline, out, args, interval, random.Random(seed), place) if interval is not None else None
     while True:
         left = args.timeout - (time.monotonic() - timeline.started)
-        run = place.launch(command, max(1, left), started=timeline.started, lines=timeline.lines).wait()
+        run = place.launch(command, max(1, left), recording(args, out), started=timeline.started,
+                           lines=timeline.lines).wait()
         if run.process.returncode == 0 or left <= 1 or schedule is None:
             break
     kills = schedule.stop() if schedule else []
@@ -382,8 +507,18 @@ def fault_record(lines, kill_at, next_kill_at, ranks):
         return None if t is None or t >= next_kill_at else round(t - kill_at, 2)
 
     return {"at_s": round(kill_at, 2), "detect_s": since(detected), "reform_s": since(reformed),
-            "first_step_s": since(stepped), "whole_again_s": since(whole), "lines": len(printed),
+            "first_step_s": since(stepped), "whole_again_s": since(whole), "pause_s": pause(lines, kill_at, next_kill_at),
+            "lines": len(printed),
             "said": printed[:5], "phases": phases(lines, kill_at, reformed, stepped, since)}
+
+
+def pause(lines, at, until):
+    """The longest stretch without a step that began before ``until`` and ended after ``at``: what a
+    fault cost the job where it reset (to the new world's first step) or not (a link back in time,
+    a slow worker: the steps it held up)."""
+    times = [t for t, line in lines if PROGRESS.search(line)]
+    gaps = [b - a for a, b in zip(times, times[1:]) if b > at and a < until]
+    return round(max(gaps, default=0.0), 2)
 
 
 def phases(lines, kill_at, reformed, stepped, since):
@@ -442,7 +577,18 @@ def metric_rows(out):
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def samples_off(out, epochs):
+def samples_off(out, args):
+    """Samples lost or trained twice: train_cnn.py's every epoch against the data set; pretrain_bert.py's
+    instances recorded, every epoch but the last once each, the last (cut by --steps) none twice."""
+    if args.trainer == "bert":
+        trained = trained_instances(instances_record(out))
+        last = max(trained, default=0)
+        # An epoch's instances: those of the run without faults' first epoch (a length bin with
+        # fewer instances than a step's ranks is left out at that size: sampling.global_steps).
+        args.epoch_instances = args.epoch_instances or set(trained.get(0, []))
+        return sum(len(ids) - len(set(ids)) + (0 if epoch == last else len(args.epoch_instances ^ set(ids)))
+                   for epoch, ids in trained.items())
+    epochs = args.epochs
     rows = metric_rows(out)
     by_epoch = {row["epoch"]: row["train_samples"] for row in rows}
     return sum(abs(by_epoch.get(epoch, 0) - DIGITS_TRAIN) for epoch in range(1, epochs + 1))
@@ -484,9 +630,10 @@ def report_run(run, out, args, kills, baseline_seconds, baseline_model):
             "world_sizes": [int(m.group(1)) for _, line in run.lines for m in [WORLD.search(line)] if m],
             "steps_kept": round(steps / (steps + again), 3) if steps else None,
             "longest_pause_s": longest_pause(run.lines),
-            "samples_lost_or_twice": samples_off(out, args.epochs),
+            "samples_lost_or_twice": samples_off(out, args),
             "weights_max_difference": largest_difference(final_model(out), baseline_model),
             "final_val_top1": next((row.get("val_top1") for row in reversed(metric_rows(out))), None),
+            "final_mlm_loss": next((row.get("mlm_loss") for row in reversed(metric_rows(out))), None),
             "fault_records": [fault_record(run.lines, at, bounds[i + 1], args.ranks) for i, at in enumerate(kills)],
             "joins": join_records(list(run.lines)),
             "timeline": [(round(t, 2), int(m.group(1))) for t, line in run.lines for m in [PROGRESS.search(line)] if m]}
@@ -520,6 +667,8 @@ def run_all(args, place, scratch, rows):
     """The run without faults, then one under each --interval; a row each in ``rows``."""
     hostfile = scratch / "hosts"
     place.write_hostfile(hostfile)
+    args.data = prepare_bert(scratch) if args.trainer == "bert" else None
+    args.epoch_instances = None  # --trainer bert: set by the run without faults
     base_out = scratch / "no-faults"
     base_run, _ = launch(args, place, base_out, hostfile)
     if base_run.process.returncode != 0:
@@ -546,7 +695,8 @@ def main(argv=None):
             run_all(args, place, Path(scratch), rows)
     finally:
         place.stop()
-    report = {"ranks": args.ranks, "epochs": args.epochs, "global_batch": args.global_batch,
+    report = {"trainer": args.trainer, "ranks": args.ranks, "epochs": args.epochs if args.trainer == "cnn" else None,
+              "steps": args.steps if args.trainer == "bert" else None, "global_batch": args.global_batch,
               "commit_every": args.commit_every, "seed": args.seed, "one_at_a_time": args.one_at_a_time,
               "path": "relaunch" if args.relaunch else "elastic",
               "then_after_s": args.then_after, "hosts": args.hosts, "fault": args.fault, "spares": args.spares,
