@@ -3,7 +3,7 @@
 The smallest real form: 4 slots on this machine, a worker SIGKILLed and another
 one second later, while the world re-forms (Horovod's driver refills each slot),
 against the run without faults; the relaunch path (`--relaunch`) at 2 slots, one
-fault. The larger form (make test-scale): 16 slots, a fault every 15 s. The
+fault. The larger forms (make test-scale): 16 slots, a fault every 15 s; BERT; a host cut off. The
 16-rank schedules at T = 60, 30 and 15 s are docs/scale.md's.
 """
 import json
@@ -115,3 +115,34 @@ def test_sixteen_ranks_under_a_fault_every_15_s_lose_no_sample(tmp_path):
     assert difference is not None and difference <= 10 * TOLERANCE, faulty
     print(f"16 ranks, a fault every 15 s: {faulty['faults']} faults, efficiency {faulty['efficiency']}, "
           f"steps kept {faulty['steps_kept']}")
+
+
+@pytest.mark.scale  # test_elastic.py's BERT test proves the elastic data at its smallest
+def test_bert_under_killed_workers_trains_every_instance_once(tmp_path):
+    """--trainer bert: pretrain_bert.py --elastic (no dropout, length bins) at 4 slots, two workers
+    killed: every epoch trains the instances of the run without faults' once, the weights within 1e-5."""
+    report_file, logs = tmp_path / "chaos.json", tmp_path / "logs"
+    ran = ok(python([CHAOS, "--trainer", "bert", "--ranks", "4", "--interval", "6", "--seed", "2", "--faults", "2",
+                     "--steps", "120", "--json", report_file, "--log", logs, *TIMED], timeout=900))
+    without, faulty = json.loads(report_file.read_text())["runs"]
+    assert without["exit"] == 0 and without["samples_lost_or_twice"] == 0, without
+    assert faulty["exit"] == 0 and faulty["faults"] >= 1, (faulty, ran.describe())
+    assert faulty["samples_lost_or_twice"] == 0, (faulty, log_tail(logs, "every-6s"))
+    assert faulty["weights_max_difference"] is not None and faulty["weights_max_difference"] <= TOLERANCE, faulty
+
+
+@pytest.mark.scale  # test_elastic.py's cut-off test proves the mechanism at 3 ranks on two hosts
+def test_a_host_cut_off_for_longer_than_the_wait_is_left_behind_and_the_job_completes(tmp_path):
+    """--fault link at 8 slots on four hosts: a host's link down for 30 s; its workers are named in one
+    line and left behind before Gloo's timeout (120 s here), the job completes, every sample once."""
+    report_file, logs = tmp_path / "chaos.json", tmp_path / "logs"
+    ran = ok(python([CHAOS, "--ranks", "8", "--hosts", "4", "--fault", "link", "--return-after", "30",
+                     "--interval", "5", "--faults", "1", "--seed", "3", "--epochs", "8", "--json", report_file,
+                     "--log", logs, *TIMED], timeout=900))
+    without, faulty = json.loads(report_file.read_text())["runs"]
+    assert faulty["exit"] == 0 and faulty["faults"] == 1, (faulty, ran.describe())
+    fault, = faulty["fault_records"]
+    assert fault["first_step_s"] is not None and fault["first_step_s"] < 45, (json.dumps(fault), log_tail(logs, "every-5s"))
+    assert fault["lines"] == 1 and "answered nothing" in fault["said"][0], json.dumps(fault)
+    assert faulty["samples_lost_or_twice"] == 0, faulty
+    assert faulty["weights_max_difference"] is not None and faulty["weights_max_difference"] <= 10 * TOLERANCE, faulty

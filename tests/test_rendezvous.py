@@ -1,4 +1,4 @@
-"""The store every Gloo world forms through: horovodrun's rendezvous server (Horovod's Python HTTP server).
+"""The store every Gloo world forms through (horovodrun's rendezvous server), and the driver's registry.
 
 While a world forms (a start, every elastic reset) each rank polls the store with
 a new connection per request. Stock Horovod listened with socketserver's backlog
@@ -122,3 +122,45 @@ def test_a_request_whose_worker_died_meanwhile_prints_no_traceback(need_horovod,
     printed = capsys.readouterr().err
     assert "BrokenPipeError" not in printed and "ConnectionResetError" not in printed, printed
     assert "ValueError: a bug" in printed, printed
+
+
+class _TwoHosts:
+    """horovodrun's host discovery as the driver sees it: two hosts of one slot, for ever."""
+
+    def find_available_hosts_and_slots(self):
+        return {"hvd-a": 1, "hvd-b": 1}
+
+
+def test_a_worker_the_driver_ended_is_a_failure_whatever_its_launch_process_returned(need_horovod):
+    """The driver ends a host it cannot reach by ending its workers' launch processes (ssh). An ssh
+    client ended so on a host cut off exited 0, the driver recorded a success, and one success
+    stops the whole job (chaos.py --fault link, three hosts cut within 20 s). The real driver here,
+    its launches stood in for by one that returns 0 once its host's event is set: hvd-b's worker is
+    a failure, hvd-b leaves, and the job goes on with hvd-a."""
+    from horovod.runner.elastic.driver import ElasticDriver
+    from horovod.runner.elastic.rendezvous import create_rendezvous_handler
+    from horovod.runner.http.http_server import RendezvousServer
+
+    def launch(slot_info, events):
+        while not any(event.is_set() for event in events):
+            time.sleep(0.02)
+        return 0, time.time()
+
+    rendezvous = RendezvousServer()
+    driver = ElasticDriver(rendezvous, _TwoHosts(), min_num_proc=1, max_num_proc=2, timeout=30)
+    rendezvous.start(create_rendezvous_handler(driver))
+    try:
+        driver.wait_for_available_slots(2)
+        driver.start(2, launch)
+        # hvd-a's worker registers for the next world and waits at the barrier for hvd-b's slot.
+        threading.Thread(target=driver.record_ready, args=("hvd-a", 0), daemon=True).start()
+        time.sleep(0.2)
+        driver._host_manager.end_workers("hvd-b")  # what _end_unresponsive does for a host cut off
+        deadline = time.monotonic() + 10
+        while not (driver.finished() or driver._host_manager.is_blacklisted("hvd-b")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert driver._host_manager.is_blacklisted("hvd-b") and not driver.finished(), \
+            "the ended worker's exit 0 counted as a success and stopped the job"
+    finally:
+        driver.stop()
+        rendezvous.stop()
