@@ -295,8 +295,8 @@ def test_a_host_cut_off_is_named_once_and_left_behind_while_the_others_go_on(nee
 
     watcher = wait_then(lambda: mid_epoch_checkpoint(out), partition, 200)
     try:
-        ran = launch(two_hosts.on_first(elastic_command(hostfile, 3, [*CNN, "--epochs", "3", "--output-dir", out],
-                                                        interface=INTERFACE)),
+        ran = launch(two_hosts.on_first(elastic_command(hostfile, 3, [*CNN, "--model", "convnet", "--epochs", "2",
+                                                                      "--output-dir", out], interface=INTERFACE)),
                      timeout=300, env={**two_hosts.env(), "HOROVOD_ELASTIC_UNRESPONSIVE_SECS": "5",
                                        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_SECONDS)})
         ended = time.monotonic()
@@ -307,11 +307,14 @@ def test_a_host_cut_off_is_named_once_and_left_behind_while_the_others_go_on(nee
     assert "at" in cut, ran.describe()
     ok(ran)
     assert world_sizes(ran) == [3, 1], ran.describe()
-    said = re.findall(r"elastic: a worker was lost \(2 workers of hvd-b \(ranks 1-2\) answered nothing for \d+ s "
-                      r"\(their host stalled or cut off, or each frozen\); horovodrun ended them", ran.output)
-    assert len(said) == 1 and "horovodrun: elastic:" not in ran.output, ran.describe()  # one line, rank 0's
+    # Which ranks hvd-b held follows the driver's host order; where rank 0 was one of them, the line
+    # comes from the rank that holds the state in the next world.
+    said = re.findall(r"elastic: a worker was lost \(2 workers of hvd-b \(ranks (\d)-(\d)\) answered nothing for "
+                      r"\d+ s \(their host stalled or cut off, or each frozen\); horovodrun ended them", ran.output)
+    assert len(said) == 1 and "horovodrun: elastic:" not in ran.output, ran.describe()  # one line
+    assert said[0] in [("0", "1"), ("1", "2")], said
     assert ended - cut["at"] < 60, f"ended {ended - cut['at']:.0f} s after the cut\n{ran.describe()}"
-    assert_every_epoch_complete(out, 3)
+    assert_every_epoch_complete(out, 2)
 
 
 @pytest.mark.scale  # test_four_nodes.py's elastic test kills a whole node's ranks across hosts
