@@ -236,7 +236,8 @@ def test_a_lost_workers_slot_goes_to_a_spare_standing_by(need_horovod, tmp_path)
         return (path.exists() and len(path.read_text().splitlines()) >= 10
                 and any(standing_by(pid) for pid in rank_pids(str(out), -1)))
 
-    wait_then(rank_1_trained_and_the_spare_stands_by, lambda: killed.append(os.kill(standby_steps(out, 1)[-1][1], signal.SIGKILL)), 120)
+    wait_then(rank_1_trained_and_the_spare_stands_by,
+              lambda: killed.append(os.kill(standby_steps(out, 1)[-1][1], signal.SIGKILL)), 120)
     ran = ok(launch(elastic_command(hostfile, 2, [STANDBY, out, LATE_START_SECONDS]), timeout=180,
                     env={"HOROVOD_ELASTIC_SPARES": "1"}))
     assert killed, ran.describe()

@@ -83,13 +83,12 @@ from pathlib import Path
 
 import torch
 
-from support.launch import Timed
 from support.bert_data import NO_DROPOUT_CONFIG, trained_instances
-from support.commands import CNN, PREPARE, PRETRAIN
 from support.checks import succeeded
-from support.launch import python
+from support.commands import CNN, PREPARE, PRETRAIN
 from support.elastic_jobs import elastic_command, write_hosts
 from support.hosts import INTERFACE, Hosts, require_hosts
+from support.launch import Timed, python
 from support.ranks import CPU_CGROUP, cpu_share, rank_pids, standing_by, stopped
 
 DIGITS_TRAIN = 1438  # the digits samples train_cnn.py trains on (its fixed validation split aside)
@@ -189,9 +188,8 @@ def job(args, out, data=None):
               else ["--elastic", "--elastic-commit-every", args.commit_every])
     if args.trainer == "bert":
         return [PRETRAIN, "--data", data, "--config", data.parent / "bert-config.json", "--precision", "fp32",
-                "--threads", "1",
-                "--steps", args.steps, "--global-batch", args.global_batch, "--batch-size", args.global_batch // args.ranks,
-                "--log-every", "50", *saving, "--output-dir", out]
+                "--threads", "1", "--steps", args.steps, "--global-batch", args.global_batch,
+                "--batch-size", args.global_batch // args.ranks, "--log-every", "50", *saving, "--output-dir", out]
     return [CNN, "--dataset", "digits", "--model", "convnet", "--precision", "fp32",
             "--threads", "1", "--epochs", args.epochs, "--global-batch", args.global_batch,
             "--batch-size", args.global_batch // args.ranks, "--lr", "0.01", *saving, "--output-dir", out]
@@ -360,15 +358,11 @@ class Schedule:
 
     def hold(self, pid):
         """``pid`` into a cgroup of --slow-share of a core, for --return-after seconds."""
-        share = cpu_share(self.args.slow_share)
-        group = share.__enter__()
-        try:
-            group.add(pid)
-        except OSError:  # it ended meanwhile
-            share.__exit__(None, None, None)
-            raise
+        with contextlib.ExitStack() as held:
+            held.enter_context(cpu_share(self.args.slow_share)).add(pid)  # OSError where it ended meanwhile
+            release = held.pop_all()
         self.held.add(pid)
-        self.later(lambda: (share.__exit__(None, None, None), self.held.discard(pid)))
+        self.later(lambda: (release.close(), self.held.discard(pid)))
 
     def later(self, undo):
         """``undo`` after --return-after seconds, or when the run ends, whichever is first."""
@@ -495,8 +489,8 @@ def fault_record(lines, kill_at, next_kill_at, ranks):
     reformed, _ = first_after(lines, kill_at, WORLD)
     # The world of every slot again: at once where a lost worker's slot is refilled; a lost
     # host's after its cooldown, at the next commit.
-    whole = next((t for t, line in lines if t >= kill_at for m in [WORLD.search(line)] if m and int(m.group(1)) == ranks),
-                 None)
+    whole = next((t for t, line in lines if t >= kill_at
+                  for m in [WORLD.search(line)] if m and int(m.group(1)) == ranks), None)
     stepped, _ = first_after(lines, reformed, PROGRESS) if reformed is not None else (None, None)
     recovered = min(next_kill_at, stepped if stepped is not None else next_kill_at)
     printed = [line for t, line in lines if kill_at <= t < recovered
@@ -507,9 +501,9 @@ def fault_record(lines, kill_at, next_kill_at, ranks):
         return None if t is None or t >= next_kill_at else round(t - kill_at, 2)
 
     return {"at_s": round(kill_at, 2), "detect_s": since(detected), "reform_s": since(reformed),
-            "first_step_s": since(stepped), "whole_again_s": since(whole), "pause_s": pause(lines, kill_at, next_kill_at),
-            "lines": len(printed),
-            "said": printed[:5], "phases": phases(lines, kill_at, reformed, stepped, since)}
+            "first_step_s": since(stepped), "whole_again_s": since(whole),
+            "pause_s": pause(lines, kill_at, next_kill_at), "lines": len(printed), "said": printed[:5],
+            "phases": phases(lines, kill_at, reformed, stepped, since)}
 
 
 def pause(lines, at, until):
@@ -596,7 +590,9 @@ def samples_off(out, args):
 
 def final_model(out):
     files = sorted(out.glob("step-*.pt"))
-    return (files[-1].name, torch.load(files[-1], map_location="cpu", weights_only=True)["model"]) if files else (None, None)
+    if not files:
+        return None, None
+    return files[-1].name, torch.load(files[-1], map_location="cpu", weights_only=True)["model"]
 
 
 def largest_difference(a, b):
