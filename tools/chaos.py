@@ -7,7 +7,7 @@ rank) at exponentially distributed intervals of mean T seconds, from its first s
 on. Horovod's driver starts a new worker in the lost slot at once (the project's
 patch: a host keeps its healthy workers), so the capacity returns after the new
 worker's start. The same job without faults runs first. Every run trains the same
-steps: digits, convnet, fp32, `--global-batch` (a step is the same optimisation at
+steps: digits, convnet (or `--model`), fp32, `--global-batch` (a step is the same optimisation at
 every world size), so the report can hold the faulty runs to the fault-free one:
 
 - efficiency: the fault-free run's seconds from its first step to its end over the
@@ -119,6 +119,9 @@ def parse_args(argv=None):
     parser.add_argument("--trainer", choices=["cnn", "bert"], default="cnn",
                         help="the job: train_cnn.py (digits, convnet) or pretrain_bert.py (tiny BERT, the "
                              "embedded corpus prepared by the tool, length bins)")
+    parser.add_argument("--model", default="convnet",
+                        help="--trainer cnn: train_cnn.py's --model (convnet: no BatchNorm; resnet20: the issue's "
+                             "ResNet-20, a rank's BatchNorm statistics its own between checkpoints)")
     parser.add_argument("--epochs", type=int, default=40, help="the job's length in digits epochs (45 steps each)")
     parser.add_argument("--steps", type=int, default=300, help="--trainer bert: the job's length in steps")
     parser.add_argument("--global-batch", type=int, default=32, help="samples per step at every world size")
@@ -190,7 +193,7 @@ def job(args, out, data=None):
         return [PRETRAIN, "--data", data, "--config", data.parent / "bert-config.json", "--precision", "fp32",
                 "--threads", "1", "--steps", args.steps, "--global-batch", args.global_batch,
                 "--batch-size", args.global_batch // args.ranks, "--log-every", "50", *saving, "--output-dir", out]
-    return [CNN, "--dataset", "digits", "--model", "convnet", "--precision", "fp32",
+    return [CNN, "--dataset", "digits", "--model", args.model, "--precision", "fp32",
             "--threads", "1", "--epochs", args.epochs, "--global-batch", args.global_batch,
             "--batch-size", args.global_batch // args.ranks, "--lr", "0.01", *saving, "--output-dir", out]
 
@@ -691,7 +694,9 @@ def main(argv=None):
             run_all(args, place, Path(scratch), rows)
     finally:
         place.stop()
-    report = {"trainer": args.trainer, "ranks": args.ranks, "epochs": args.epochs if args.trainer == "cnn" else None,
+    cnn = args.trainer == "cnn"
+    report = {"trainer": args.trainer, "model": args.model if cnn else None, "ranks": args.ranks,
+              "epochs": args.epochs if cnn else None,
               "steps": args.steps if args.trainer == "bert" else None, "global_batch": args.global_batch,
               "commit_every": args.commit_every, "seed": args.seed, "one_at_a_time": args.one_at_a_time,
               "path": "relaunch" if args.relaunch else "elastic",
