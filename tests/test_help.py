@@ -137,7 +137,7 @@ OTHER_PROGRAMS = {
     "tools/scale_study.py": {"--ranks", "--hosts", "--steps", "--no-elastic", "--elastic-only", "--json"},
     "tools/chaos.py": {"--ranks", "--interval", "--epochs", "--faults", "--one-at-a-time", "--then-after",
                        "--relaunch", "--hosts", "--fault", "--return-after", "--spares", "--seed", "--json", "--plot",
-                       "--gloo-timeout", "--horovod-log-level", "--log", "--trainer", "--model", "--steps",
+                       "--gloo-timeout", "--horovod-log-level", "--log", "--trainer", "--model", "--steps", "--keep",
                        "--slow-share"},
     "tools/measure_optimizer_step.py": {"--device", "--compare"},
     "tools/measure_checkpoint_stall.py": {"--every", "--checkpoints", "--dir"},

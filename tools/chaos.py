@@ -165,6 +165,9 @@ def parse_args(argv=None):
     parser.add_argument("--log", type=Path, metavar="DIR",
                         help="write each run's whole output here, every line with its seconds since the launch, "
                              "and each fault's victims (which worker, when): what a surprising figure is read from")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="keep every run's output directory (its checkpoints and metrics) here, an empty or "
+                             "new directory; by default they are removed at the end")
     parser.add_argument("--horovod-log-level", choices=["DEBUG", "INFO", "WARNING"], default=None,
                         help="horovodrun's --log-level for the runs: its driver's and the workers' Horovod logs "
                              "in the output (with --log), and INFO splits each fault's recovery into phases")
@@ -181,6 +184,10 @@ def parse_args(argv=None):
         parser.error(f"--slow-share {args.slow_share:g}: must be a positive share of a core")
     if args.fault == "slow" and not os.access(CPU_CGROUP, os.W_OK):
         parser.error(f"--fault slow: needs a writable cgroup v1 CPU controller at {CPU_CGROUP} (root)")
+    if args.keep and args.keep.exists() and any(args.keep.iterdir()):
+        parser.error(f"--keep {args.keep}: not empty (the runs' directories would mix with what is there)")
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
     if args.fault == "frozen" and args.relaunch:
         parser.error("--fault frozen: the elastic path only (a fixed-size job's watchdog ends a frozen rank's job)")
     return args
@@ -598,10 +605,17 @@ def final_model(out):
     return files[-1].name, torch.load(files[-1], map_location="cpu", weights_only=True)["model"]
 
 
-def largest_difference(a, b):
+def differences(a, b):
+    """{tensor: largest difference} of two final models, the largest first; None where they are not of
+    the same final step."""
     if a[0] is None or a[0] != b[0]:
-        return None  # not the same final step
-    return max((a[1][key].float() - b[1][key].float()).abs().max().item() for key in b[1])
+        return None
+    found = {key: (a[1][key].float() - b[1][key].float()).abs().max().item() for key in b[1]}
+    return dict(sorted(found.items(), key=lambda item: -item[1]))
+
+
+def largest_difference(found):
+    return None if found is None else max(found.values(), default=0.0)
 
 
 def longest_pause(lines):
@@ -621,6 +635,7 @@ def report_run(run, out, args, kills, baseline_seconds, baseline_model):
     steps = max((int(m.group(1)) for _, line in run.lines for m in [PROGRESS.search(line)] if m), default=0)
     again = steps_run_again(run.lines)
     bounds = kills + [float("inf")]
+    apart = differences(final_model(out), baseline_model)
     return {"exit": run.process.returncode, "training_s": None if seconds is None else round(seconds, 1),
             # Only for a run that trained the whole job: one that ended early trained fewer samples.
             "efficiency": (round(baseline_seconds / seconds, 3)
@@ -630,7 +645,9 @@ def report_run(run, out, args, kills, baseline_seconds, baseline_model):
             "steps_kept": round(steps / (steps + again), 3) if steps else None,
             "longest_pause_s": longest_pause(run.lines),
             "samples_lost_or_twice": samples_off(out, args),
-            "weights_max_difference": largest_difference(final_model(out), baseline_model),
+            "weights_max_difference": largest_difference(apart),
+            # The tensors furthest apart (a parameter, or a buffer such as BatchNorm's running statistics).
+            "weights_most_apart": None if apart is None else {key: value for key, value in list(apart.items())[:3]},
             "final_val_top1": next((row.get("val_top1") for row in reversed(metric_rows(out))), None),
             "final_mlm_loss": next((row.get("mlm_loss") for row in reversed(metric_rows(out))), None),
             "fault_records": [fault_record(run.lines, at, bounds[i + 1], args.ranks) for i, at in enumerate(kills)],
@@ -690,7 +707,7 @@ def main(argv=None):
     rows = []
     place = Place(args)
     try:
-        with tempfile.TemporaryDirectory() as scratch:
+        with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory()) as scratch:
             run_all(args, place, Path(scratch), rows)
     finally:
         place.stop()
