@@ -82,8 +82,10 @@ def test_the_relaunch_path_resumes_each_fault_from_the_newest_checkpoint(tmp_pat
     """--relaunch: a fixed-size job that a killed worker ends (one line), launched again at once
     from its newest checkpoint, trains the weights of the run without faults bit for bit."""
     report_file = tmp_path / "chaos.json"
-    ran = ok(python([CHAOS, "--relaunch", "--ranks", "2", "--interval", "2", "--seed", "3", "--faults", "1",
-                     "--epochs", "4", "--json", report_file], timeout=600))
+    # Seed 3 draws its fault 1.0 s after the first step: within the job's 6 epochs (2.4 s for 4 on
+    # a 2-core Xeon, where a draw of 2.0 s at --interval 2 fell after its end).
+    ran = ok(python([CHAOS, "--relaunch", "--ranks", "2", "--interval", "1", "--seed", "3", "--faults", "1",
+                     "--epochs", "6", "--json", report_file], timeout=600))
     report = json.loads(report_file.read_text())
     assert report["path"] == "relaunch", report
     without, faulty = report["runs"]
