@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 TEST_WORKERS ?= 4
 
-.PHONY: setup wheelhouse test-deps demo demo-bert test test-scale clean
+.PHONY: setup wheelhouse test-deps demo demo-bert test test-scale test-horovod clean
 
 setup:
 	bash scripts/setup/setup.sh
@@ -44,6 +44,12 @@ test: setup test-deps
 
 test-scale: setup test-deps
 	HVDTEST_TIER=scale $(PYTEST)
+
+# Horovod's own suites (v0.28.1: the elastic driver, discovery, elastic torch, test_torch.py under
+# Gloo and MPI) against the Horovod that make setup built with the patch series; every failure
+# is one expected-failures.txt explains (docs/horovod.md). Also run by make test-scale.
+test-horovod: setup
+	$(PY) tools/horovod_upstream_tests.py
 
 clean:
 	rm -rf runs .pytest_cache

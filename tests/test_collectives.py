@@ -64,3 +64,16 @@ def test_a_rank_waiting_on_a_handle_negotiates_at_once_under_gloo(need_horovod):
     ok(run)
     found = re.search(r"allreduces=5 seconds=([0-9.]+)", run.rank_output(0))
     assert found and float(found.group(1)) < 2.5, run.describe()
+
+
+def test_a_peer_timeout_the_kernel_refuses_is_said_once(need_horovod):
+    """HOROVOD_GLOO_PEER_TIMEOUT_SECONDS sets TCP keepalive options on every Gloo connection (the
+    Horovod patch; horovodrun --elastic sets 20 s). 40000 s needs a keepalive idle time above the
+    kernel's 32767 s: the option is refused, each rank says so once and goes on (the patch used to
+    ignore what setsockopt returned, and the job ran without the timeout, unsaid)."""
+    run = horovodrun(2, [WORKER], timeout=120, transport="gloo", env={"HOROVOD_GLOO_PEER_TIMEOUT_SECONDS": "40000"})
+    ok(run)
+    for rank in range(2):
+        said = [line for line in run.rank_output(rank).splitlines() if "HOROVOD_GLOO_PEER_TIMEOUT_SECONDS" in line]
+        assert len(said) == 1 and "TCP_KEEPIDLE=39995" in said[0] and "not applied" in said[0], run.describe()
+        assert f"collectives ok rank={rank} size=2" in run.rank_output(rank), run.describe()

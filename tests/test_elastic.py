@@ -334,6 +334,21 @@ def test_a_killed_worker_on_another_host(need_horovod, two_hosts, tmp_path):
     assert found[-1]["val_top1"] >= 0.95, found[-1]
 
 
+def test_an_init_error_that_is_no_lost_peer_is_not_tried_again(need_horovod, tmp_path):
+    """An elastic hvd.init() that fails because a peer was lost while the world formed is tried
+    again (the Horovod patch: HOROVOD_ELASTIC_INIT_ATTEMPTS); one that fails for any other reason,
+    here an interface the machine does not have, fails at once as upstream's does: the patch used
+    to take every error for a lost peer and said "the new world did not form" ten times before."""
+    hostfile = tmp_path / "hosts"
+    write_hosts(hostfile, "localhost:1")
+    started = time.monotonic()
+    ran = launch(elastic_command(hostfile, "1", [REPO / "tests" / "workers" / "wrong_interface.py"]), timeout=120)
+    took = time.monotonic() - started
+    assert ran.returncode != 0 and "initialized" not in ran.output, ran.describe()
+    assert "did not form" not in ran.output and "hvdnone0" in ran.output, ran.describe()
+    assert took < 60, f"{took:.0f} s\n{ran.describe()}"
+
+
 def test_a_signalled_elastic_job_stops_and_resumes_from_disk_at_another_size(need_horovod, tmp_path):
     """The stop request and the checkpoints work under --elastic: SIGUSR1 to one worker in epoch 2
     stops both at the same step with a checkpoint; relaunched with one worker, the run goes on from

@@ -117,7 +117,7 @@ def test_help_and_bad_arguments_answer_before_torch_horovod_and_transformers_loa
 OTHER_PROGRAMS = {
     "horovodrun": {"--gloo", "--mpi", "--min-np", "--max-np", "--network-interface", "--check-build",
                    "--host-discovery-script", "--blacklist-cooldown-range", "--reset-limit",
-                   "--timeline-filename"},
+                   "--timeline-filename", "--version"},
     "mpirun": {"--bind-to", "--mca", "--oversubscribe"},
     "torchrun": {"--standalone"},
     "sbatch, srun, scancel": {"--nodes", "--ntasks-per-node", "--gpus-per-node", "--gpus-per-task",
@@ -144,6 +144,9 @@ OTHER_PROGRAMS = {
     "tools/measure_image_pipeline.py": {"--image-size", "--loader-workers", "--trainer-model", "--data", "--rounds",
                                         "--per-round"},
     "tools/liveness_sim.py": {"--ranks", "--per-node", "--steady-seconds", "--port", "--output"},
+    "tools/horovod_series.py": {"--sdist"},
+    "tools/horovod_upstream_tests.py": {"--suites", "--output"},
+    "git": {"--fixup", "--autosquash"},
     "tools/measure_flight_recorder.py": {"--model", "--batch-size", "--image-size", "--blocks", "--steps"},
 }
 

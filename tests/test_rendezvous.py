@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 CLIENTS = 200
 SYN_RETRY_SECONDS = 1.0  # the kernel's first retransmission of a dropped connection
@@ -164,3 +165,88 @@ def test_a_worker_the_driver_ended_is_a_failure_whatever_its_launch_process_retu
     finally:
         driver.stop()
         rendezvous.stop()
+
+
+class _NoStore:
+    """The rendezvous server as a driver that starts no world needs it."""
+
+    def stop(self):
+        pass
+
+
+class _Answering:
+    """A worker's notification client as the driver's probe sees it: it answers every ping."""
+
+    def answers(self, timeout):
+        return True
+
+
+class _ExitsWhileReadAsHeard(dict):
+    """The probe's record of when each worker was heard, in which the worker of ``key`` exits (its
+    thread has the driver forget it) at the moment the probe has read it as heard and not yet
+    written its answer: one interleaving of a worker exiting during a probe round, made certain."""
+
+    def __init__(self, driver, key):
+        super().__init__({key: time.time()})
+        self.driver, self.key, self.exiting = driver, key, None
+
+    def get(self, key, default=None):
+        value = super().get(key, default)
+        if key == self.key and self.exiting is None:
+            self.exiting = threading.Thread(target=self.driver._forget_worker, args=(key,))
+            self.exiting.start()
+            self.exiting.join(timeout=0.5)  # done, unless the driver holds its record's lock
+        return value
+
+
+def test_a_worker_that_exits_while_the_probe_decides_stays_forgotten(need_horovod):
+    """The driver's probe (every second) reads each worker's record, pings, then writes the answer;
+    a worker's exit (its launch thread) removes the record. Unlocked, an exit between the read and
+    the write put the dead worker back as heard: the probe pinged it, found it silent 15 s later
+    and SIGKILLed the pid it had had, by then perhaps another process's. The real driver here, its
+    probe thread running, the exit made to land inside the probe's check."""
+    from horovod.runner.elastic.driver import ElasticDriver, PROBE_SECS
+
+    key = ("hvd-a", 0)
+    driver = ElasticDriver(_NoStore(), _TwoHosts(), min_num_proc=1, max_num_proc=2, timeout=30)
+    try:
+        driver._worker_clients[key] = _Answering()
+        record = driver._heard = _ExitsWhileReadAsHeard(driver, key)
+        deadline = time.monotonic() + 10 * PROBE_SECS
+        while record.exiting is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert record.exiting is not None, "the probe never read the worker's record"
+        record.exiting.join(timeout=10)
+        time.sleep(0.2)  # the probe's round ends
+        assert key not in driver._heard, "the exited worker is heard again: the probe will end its pid"
+    finally:
+        driver.stop()
+
+
+def test_the_driver_ends_only_the_process_that_registered(need_horovod, tmp_path):
+    """The driver ends a worker that answers nothing by the pid it registered. A pid is given again
+    once its process is gone: the process now holding it (here a `sleep` given, in effect, the
+    worker's pid) must not be killed; the driver tells them apart by the start time the worker
+    registered with its pid. The real driver and horovodrun's kill function, on this host."""
+    import subprocess
+    import types
+    from horovod.runner.elastic.driver import ElasticDriver
+    from horovod.runner.gloo_run import _kill_worker_fn
+
+    def start_time(pid):  # /proc/PID/stat's 22nd field, after the name (which may hold spaces)
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(") ", 1)[1].split()[19]
+
+    driver = ElasticDriver(_NoStore(), _TwoHosts(), min_num_proc=1, max_num_proc=2, timeout=30)
+    driver._kill_worker_fn = _kill_worker_fn(types.SimpleNamespace(ssh_port=None, ssh_identity_file=None))
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        registered = types.SimpleNamespace(pid=other.pid, start_time=str(int(start_time(other.pid)) - 1))
+        driver._end_unresponsive("localhost", [(0, registered, 20.0)])
+        time.sleep(0.3)
+        assert other.poll() is None, "the driver killed a process that took the worker's pid"
+        registered.start_time = start_time(other.pid)  # now it is the worker that registered
+        driver._end_unresponsive("localhost", [(0, registered, 20.0)])
+        assert other.wait(timeout=5) == -9
+    finally:
+        other.kill()
+        driver.stop()

@@ -10,7 +10,7 @@
 # and the cffi and pycparser wheels for that Python (`pip download --only-binary :all: --python-version 3.12
 # --platform manylinux2014_x86_64 cffi pycparser`).
 # Stages, each timed: what travels (the working tree and DIR, at most 64 MiB); the machine; Horovod
-# built with the project's patch into the running Python (Gloo as the controller, no MPI; NCCL for
+# built with the project's patch series into the running Python (Gloo as the controller, no MPI; NCCL for
 # the GPU collectives; CUDA kernels for the GPUs present only); `horovodrun --check-build`; the
 # `gpu` tests (tests/test_gpu.py); then the figures: BERT-large's optimizer step alone, LAMB
 # multi-tensor and compiled (training/lamb_fused.py) against torch's fused AdamW
@@ -86,9 +86,9 @@ else
     step wheelhouse build.log $PYTHON -m pip install --no-index --no-deps --no-build-isolation "$WHEELHOUSE"/*.whl \
         "$WHEELHOUSE"/python_hostlist-*.tar.gz || exit 1
     tar xzf "$WHEELHOUSE"/horovod-0.28.1.tar.gz -C "$WORK"
-    step patch build.log patch -d "$WORK/horovod-0.28.1" -p1 -i "$PWD/scripts/setup/horovod-0.28.1-torch-cxx17.patch" || exit 1
+    step patch build.log bash scripts/setup/horovod/apply.sh "$WORK/horovod-0.28.1" || exit 1
     # CMake 4 refuses 0.28.1's cmake_minimum_required (below 3.5) without the policy floor. GCC 13
-    # dropped transitive standard includes: the patch adds the two 0.28.1 lacks (<string>,
+    # dropped transitive standard includes: the series adds the two 0.28.1 lacks (<string>,
     # <stdexcept>); the forced includes also cover any header the build stopped before reaching.
     step build build.log timeout "${BUILD_TIMEOUT:-1800}" env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_MPI=1 \
         HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 \

@@ -7,11 +7,13 @@
 #   2. the virtual environment .venv with requirements.txt, torch chosen by
 #      TORCH_VARIANT / TORCH_INDEX_URL, or the torch already installed
 #      (USE_SYSTEM_TORCH=1, never replaced);
-#   3. Horovod 0.28.1 built once, patched for today's PyTorch, into a wheel cache
-#      keyed by Horovod, torch, Python and CUDA versions, then installed from it.
+#   3. Horovod 0.28.1 built once with the project's patch series (scripts/setup/horovod/,
+#      docs/horovod.md), its version labelled 0.28.1+hvdtrain.HASH, into a wheel cache keyed
+#      by torch, Python, CUDA and the series, then installed from it.
 #      A CUDA torch builds Horovod with NCCL, against CUDA_HOME, the toolkit around
 #      `nvcc` on PATH, or else the CUDA compiler wheels of requirements-cuda-build.txt;
-#   4. `horovodrun --check-build` must show PyTorch, MPI and Gloo (and NCCL for CUDA).
+#   4. `horovodrun --check-build` must show PyTorch, MPI and Gloo (and NCCL for CUDA), and
+#      the installed Horovod the series' version.
 # Without MPI (MPI=none, or no `mpicc` and no root to install Open MPI) Horovod is built
 # with Gloo alone: `horovodrun --gloo` and elastic jobs work, mpirun does not; mpi4py is
 # left out. Said in one line here and by `horovodrun --check-build`.
@@ -29,7 +31,6 @@ TORCH_INDEX_URL=${TORCH_INDEX_URL:-}      # where pip gets torch (default: see t
 USE_SYSTEM_TORCH=${USE_SYSTEM_TORCH:-0}   # 1: use the torch that $PYTHON already has
 MPI=${MPI:-auto}                          # auto: an MPI if there is or can be one; none: Gloo only
 WHEELHOUSE=${WHEELHOUSE:-}                # a folder from `make wheelhouse`: install from it alone
-PATCH=scripts/setup/horovod-0.28.1-torch-cxx17.patch
 CUDA_BUILD_REQUIREMENTS=requirements-cuda-build.txt
 WHEEL_CACHE=${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-training-scripts/wheels}
 HOROVOD_VERSION=$(sed -n 's/^horovod==\([0-9.]*\).*/\1/p' requirements.txt)
@@ -70,6 +71,9 @@ fi
 source scripts/setup/wheelhouse.sh
 # shellcheck source=scripts/setup/cuda_build.sh
 source scripts/setup/cuda_build.sh
+# shellcheck source=scripts/setup/horovod/apply.sh
+source scripts/setup/horovod/apply.sh
+HOROVOD_BUILD_VERSION=$HOROVOD_VERSION+$(horovod_series_label)
 
 installing_from_wheelhouse() { [ -n "$WHEELHOUSE" ] && [ "$MAKE_WHEELHOUSE" = 0 ]; }
 
@@ -122,7 +126,7 @@ dry_run_report() {
     else
         say "dry run: venv $VENV from $PYTHON; torch: pip install $(torch_pip_args) (TORCH_VARIANT=$TORCH_VARIANT)"
     fi
-    say "dry run: Horovod wheel cache $WHEEL_CACHE"
+    say "dry run: Horovod $HOROVOD_BUILD_VERSION ($(horovod_series_patches | wc -l) patches, docs/horovod.md), wheel cache $WHEEL_CACHE"
     [ -z "$WHEELHOUSE" ] || say "dry run: every package from WHEELHOUSE=$WHEELHOUSE (no index, no apt)"
     if [ "$MPI" = none ]; then
         say "dry run: Horovod with Gloo only (HOROVOD_WITHOUT_MPI=1), no mpi4py"
@@ -270,15 +274,15 @@ build_horovod_wheel() {
     tag=${cuda:+cu$cuda}
     tag=${tag:-cpu}
     [ "$MPI" = none ] && tag=$tag-gloo
-    # The patch's hash too: a changed patch must never reuse a wheel built without it.
-    cache_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-torch-$torch_version-py$python_version-$tag-patch-$(sha256sum "$PATCH" | cut -c1-12)"
+    # The series' label too: a changed series must never reuse a wheel built without it.
+    cache_dir="$WHEEL_CACHE/horovod-$HOROVOD_BUILD_VERSION-torch-$torch_version-py$python_version-$tag"
     if ls "$cache_dir"/horovod-*.whl >/dev/null 2>&1; then
         say "reusing cached Horovod wheel in $cache_dir"
         FIND_LINKS=$cache_dir
         return 0
     fi
 
-    say "building Horovod $HOROVOD_VERSION for torch $torch_version, Python $python_version, $tag (minutes: see docs/setup-proof.md)"
+    say "building Horovod $HOROVOD_BUILD_VERSION for torch $torch_version, Python $python_version, $tag (minutes: see docs/setup-proof.md)"
     work=$(mktemp -d)
     trap 'rm -rf "$work"; trap - RETURN' RETURN
     if installing_from_wheelhouse; then
@@ -290,7 +294,7 @@ build_horovod_wheel() {
     fi
     tar xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"
-    patch -d "$src" -p1 --quiet < "$PATCH"
+    horovod_series_apply "$src" || die "the Horovod patch series does not apply (scripts/setup/horovod/series)"
 
     local with_mpi=HOROVOD_WITH_MPI=1
     [ "$MPI" = none ] && with_mpi=HOROVOD_WITHOUT_MPI=1
@@ -328,7 +332,7 @@ build_horovod_wheel() {
 
 install_requirements() {
     local stamp="$VENV/.setup-stamp" want reqs constraints
-    want=$(cat requirements.txt "$PATCH" | sha256sum | cut -d' ' -f1)
+    want="$(sha256sum < requirements.txt | cut -d' ' -f1) $HOROVOD_BUILD_VERSION"
     want="$want $TORCH_VARIANT $TORCH_INDEX_URL $USE_SYSTEM_TORCH MPI=$MPI"
     # An environment's own torch may change under us (a module or container update).
     [ "$USE_SYSTEM_TORCH" = 0 ] || want="$want $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
@@ -354,15 +358,22 @@ install_requirements() {
     # Gloo only: mpi4py would need an MPI to compile against.
     [ "$MPI" != none ] || sed -i -E '/^(--no-binary )?mpi4py/d' "$reqs"
     "$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$constraints"
-    # Horovod from our wheel into this venv, even where an outer environment has one.
-    pip_quiet install --no-deps --ignore-installed --find-links "$FIND_LINKS" "horovod==$HOROVOD_VERSION"
+    # Horovod from our wheel into this venv, even where an outer environment has one
+    # (--ignore-installed); the venv's own earlier build first goes (else pip list shows both).
+    if compgen -G "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/horovod-*.dist-info" >/dev/null; then
+        pip_quiet uninstall -y horovod
+    fi
+    pip_quiet install --no-deps --ignore-installed --find-links "$FIND_LINKS" "horovod==$HOROVOD_BUILD_VERSION"
     pip_quiet install --find-links "$FIND_LINKS" -r "$reqs" -c "$constraints"
     "$VENV/bin/python" -c 'import horovod.torch' || die "horovod.torch does not import after install"
     echo "$want" > "$stamp"
 }
 
 check_horovod_build() {
-    local report features=(PyTorch MPI Gloo)
+    local report installed features=(PyTorch MPI Gloo)
+    installed=$("$VENV/bin/python" -c 'import horovod; print(horovod.__version__)')
+    [ "$installed" = "$HOROVOD_BUILD_VERSION" ] \
+        || die "the installed Horovod is $installed, not this series' $HOROVOD_BUILD_VERSION: rerun make setup (or remove $VENV)"
     [ "$MPI" = none ] && features=(PyTorch Gloo)
     [ -z "$(torch_cuda)" ] || features+=(NCCL)
     report=$("$VENV/bin/horovodrun" --check-build)
@@ -374,7 +385,7 @@ check_horovod_build() {
     list=$(IFS=,; echo "${features[*]:0:${#features[@]}-1}")
     local only=""
     [ "$MPI" = none ] && only=" (no MPI: Gloo only)"
-    say "horovodrun --check-build: ${list//,/, } and ${features[-1]} available$only"
+    say "horovodrun --check-build: Horovod $installed ($(horovod_series_patches | wc -l) patches over 0.28.1: docs/horovod.md); ${list//,/, } and ${features[-1]} available$only"
 }
 
 if [ "$MAKE_WHEELHOUSE" = 1 ]; then

@@ -8,7 +8,7 @@
 # DIR holds: the wheels of requirements.txt and their dependencies for this PYTHON (its
 # version and platform: run it with the target's Python version), torch as TORCH_VARIANT
 # chooses it (none with USE_SYSTEM_TORCH=1: the target's own torch is used), the sdists that
-# setup compiles there (Horovod with the project's patch beside it; mpi4py, against the
+# setup compiles there (Horovod, with the project's patch series beside it; mpi4py, against the
 # target's MPI; python-hostlist), everything their builds need (setuptools, wheel, cffi and
 # each sdist's build-system requirements, dynamic ones included), and wheelhouse.txt saying
 # what it was made for.
@@ -47,7 +47,9 @@ make_wheelhouse() {
     [ "$MPI" != none ] || sed -i -E '/^(--no-binary )?mpi4py/d' "$work/requirements.txt"
     scratch_pip download -d "$dir" -r "$work/requirements.txt"
     scratch_pip download -d "$dir" --no-deps --no-binary horovod "horovod==$HOROVOD_VERSION"
-    cp "$PATCH" "$dir/"
+    # The series too (setup applies the repository's own; this copy says what the wheelhouse was for).
+    mkdir -p "$dir/horovod-series"
+    cp "$HOROVOD_SERIES_DIR/series" "$HOROVOD_SERIES_DIR"/*.patch "$dir/horovod-series/"
     # What building the sdists there needs: each one's build-system requirements, static and
     # those its backend asks for (mpi4py: Cython), found with the `build` package here.
     sdists=$(find "$dir" -maxdepth 1 -name '*.tar.gz' ! -name "horovod-*")
@@ -79,7 +81,7 @@ EOF
         echo "torch $([ "$USE_SYSTEM_TORCH" = 1 ] && echo "the target's own (USE_SYSTEM_TORCH=1)" \
                       || basename "$(compgen -G "$dir/torch-*.whl" | head -1)")"
         echo "mpi $([ "$MPI" = none ] && echo "none (no mpi4py)" || echo "mpi4py compiled at setup")"
-        echo "patch $(basename "$PATCH") sha256 $(sha256sum "$PATCH" | cut -c1-12)"
+        echo "horovod $HOROVOD_BUILD_VERSION (the series in horovod-series/)"
         echo "made $(date -u +%Y-%m-%dT%H:%MZ) by make wheelhouse"
     } > "$dir/$WHEELHOUSE_MANIFEST"
     say "wheelhouse $dir: $(find "$dir" -maxdepth 1 -name '*.whl' | wc -l) wheels, $(find "$dir" -maxdepth 1 -name '*.tar.gz' | wc -l) sdists, $(du -sh "$dir" | cut -f1); install with: make setup WHEELHOUSE=$dir"
