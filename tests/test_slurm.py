@@ -167,47 +167,60 @@ def test_usr1_reaches_every_rank_then_requeue_and_resume_with_every_launcher(
             assert start["size"] == resumed["size"] == 2
 
 
-# Image folder runs with DataLoader workers, stopped mid-run: 15 steps per epoch.
+# Image folder runs with DataLoader workers, stopped mid-run: 15 steps per epoch. Every step
+# votes on a stop (--stop-check-every 1): a signal held ranks get at step 5 or at step 35 stops
+# them at their next step, never losing the race to --max-steps (its check comes first at 40).
 IMAGE_RUN = ["--dataset", "imagefolder", "--model", "convnet", "--image-size", "16", "--batch-size", "2",
-             "--workers", "2", "--epochs", "20", "--checkpoint-every", "5", "--keep-checkpoints", "1"]
+             "--workers", "2", "--epochs", "20", "--checkpoint-every", "5", "--keep-checkpoints", "1",
+             "--stop-check-every", "1"]
 IMAGE_STEPS = 40
+HOLD_SECONDS = 20  # the longest a job's ranks wait stopped for their signal, far below the watchdog's 60 s
 
 
 def signal_at_first_checkpoint(cluster, jobs, signals, root):
     """Send each job in ``signals`` ({name: USR1 or TERM}) its signal at its first periodic
     checkpoint (its DataLoader workers deliver batches), its two ranks held meanwhile (SIGSTOP),
     so that the signal lands mid-run: a 40-step run takes about 3 s, less than a poll and a
-    scancel may. A job is held about a second, far below the watchdog's 60 s for a frozen rank."""
-    waiting = dict(signals)
-    deadline = time.monotonic() + JOB_TIMEOUT
-    while waiting:
-        ready = [name for name in waiting if any_checkpoint(root / name)]
-        held = {}
-        for name in ready:  # every ready job stopped at once, then signalled in turn
+    scancel may. Nothing in the loop waits: while one job's ranks wait for their signal, the next
+    job's first checkpoint is still seen within a poll (a CI run whose loop waited on each job in
+    turn held a job at its step 30 and lost the signal to --max-steps)."""
+    waiting, held = dict(signals), {}
+    deadline, next_check = time.monotonic() + JOB_TIMEOUT, time.monotonic()
+    while waiting or held:
+        for name in [name for name in waiting if any_checkpoint(root / name)]:
             # "DIR " with its space: job "horovodrun"'s marker must not match "horovodrun-term"'s ranks
-            held[name] = sorted({pid for rank in (0, 1) for pid in rank_pids(f"{root / name} ", rank)})
-            for pid in held[name]:
+            pids = sorted({pid for rank in (0, 1) for pid in rank_pids(f"{root / name} ", rank)})
+            for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
-        for name in ready:
-            signal_held_job(cluster, jobs[name], held[name], waiting.pop(name))
-            assert len(held[name]) == 2, f"{name}: rank processes {held[name]}"
-        for name in waiting:
-            info = cluster.job(jobs[name])
-            if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING") or time.monotonic() > deadline:
-                pytest.fail(f"job {jobs[name]}: no checkpoint in {root / name}: {info}\n{cluster.job_output(info)}")
+            assert len(pids) == 2, f"{name}: rank processes {pids}"
+            held[name] = HeldJob(cluster, jobs[name], pids, waiting.pop(name))
+        for name in [name for name, job in held.items() if job.signalled()]:
+            held.pop(name).resume()
+        if time.monotonic() >= next_check:  # scontrol costs a process: not at every poll
+            next_check = time.monotonic() + 1
+            for name in waiting:
+                info = cluster.job(jobs[name])
+                if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING") or time.monotonic() > deadline:
+                    pytest.fail(f"job {jobs[name]}: no checkpoint in {root / name}: {info}\n{cluster.job_output(info)}")
         time.sleep(0.05)
 
 
-def signal_held_job(cluster, job, pids, name):
-    """``scancel --signal=NAME --batch``, then SIGCONT to the held ranks once the signal is pending
-    in each (it reaches them through the launcher), or after 20 s."""
-    run(["scancel", f"--signal={name}", "--batch", job], env=cluster.env())
-    bit = 1 << (signal.Signals[f"SIG{name}"] - 1)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not all(pending_signals(pid) & bit for pid in pids):
-        time.sleep(0.1)
-    for pid in pids:
-        os.kill(pid, signal.SIGCONT)
+class HeldJob:
+    """A job whose ranks are stopped: ``scancel --signal=NAME --batch`` at once; ``signalled()``
+    once the signal is pending in each rank (it reaches them through the launcher) or after
+    HOLD_SECONDS; ``resume()`` sends them SIGCONT."""
+
+    def __init__(self, cluster, job, pids, name):
+        self.pids, self.bit = pids, 1 << (signal.Signals[f"SIG{name}"] - 1)
+        self.until = time.monotonic() + HOLD_SECONDS
+        run(["scancel", f"--signal={name}", "--batch", job], env=cluster.env())
+
+    def signalled(self):
+        return time.monotonic() > self.until or all(pending_signals(pid) & self.bit for pid in self.pids)
+
+    def resume(self):
+        for pid in self.pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 def pending_signals(pid):
