@@ -56,7 +56,10 @@ def pytest_command(suite, tests, junit):
     # A thread's uncaught exception is a failure, not a warning (a driver thread that raised).
     # Its own pytest.ini (upstream-tests/, rootdir there): not the repository's.
     # deselect_exact (ours): the tests of HVDTRAIN_DESELECT left out, by their exact ids.
-    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(TESTS / "pytest.ini"),
+    # --capture=sys: what Horovod's C++ and Gloo write reaches the log (captured at the file
+    # descriptor, a rank that aborts took its last words with it: "Fatal Python error" alone).
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=sys",
+              "-c", str(TESTS / "pytest.ini"),
               "-p", "deselect_exact", "-W", "error::pytest.PytestUnhandledThreadExceptionWarning", *(tests or files)]
     if transport is None:
         return pytest + ["--junitxml", str(junit)]
