@@ -161,6 +161,12 @@ def test_a_killed_worker_on_a_host_with_three_slots_is_restarted_without_waiting
     killed = []
 
     def hold_the_driver_then_kill():
+        # Local rank 2 stopped first: its peers block in their next collective, so the job cannot
+        # finish while the discovery gets its turn to hold the driver (a CI run on a fast machine
+        # trained to the end in that wait and the kill came after the results).
+        victim = worker_pid(out, "localhost", 2)
+        if victim is not None:
+            os.kill(victim, signal.SIGSTOP)
         (tmp_path / "HOLD").touch()
         deadline = time.monotonic() + 5
         while not (tmp_path / "HELD").exists() and time.monotonic() < deadline:

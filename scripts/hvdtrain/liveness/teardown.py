@@ -19,6 +19,8 @@ declared the node down, 7 minutes later (SlurmdTimeout, 300 s by default).
 """
 import os
 import signal
+import subprocess
+import sys
 import time
 
 LAUNCHER_GRACE_SECONDS = 30.0
@@ -31,25 +33,24 @@ def end_a_stuck_launcher(grace=LAUNCHER_GRACE_SECONDS):
     launcher = _launcher_ancestor() or _job_srun()
     if launcher is None:
         return
-    if os.fork() != 0:
-        return
-    try:  # the child: its own session, so that the job's teardown does not take it along
-        os.setsid()
-        # None of the rank's files: the launcher must not wait for this child's end of its output.
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.closerange(3, 65536)
-        time.sleep(grace)
-        if _process_identity(launcher[0]) == launcher:
-            # Its children too: the ssh to a lost node would hold the launcher's output open.
-            for pid in [launcher[0], *_children(launcher[0])]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-    finally:
-        os._exit(0)
+    # A fresh interpreter running this file, not a fork: a rank has Horovod's, torch's and the
+    # heartbeat's threads, and a forked copy of it can block on a lock one of them held (a CI run
+    # once saw the forked child never kill). Its own session, so that the job's teardown does not
+    # take it along; none of the rank's files, so that the launcher does not wait for its output.
+    subprocess.Popen([sys.executable, "-I", __file__, str(launcher[0]), str(launcher[1]), str(grace)],
+                     start_new_session=True, close_fds=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _kill_after(launcher, grace):
+    time.sleep(grace)
+    if _process_identity(launcher[0]) == launcher:
+        # Its children too: the ssh to a lost node would hold the launcher's output open.
+        for pid in [launcher[0], *_children(launcher[0])]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def _launcher_ancestor():
@@ -118,3 +119,7 @@ def _name(pid):
             return comm.read().strip()
     except OSError:
         return ""
+
+
+if __name__ == "__main__":  # end_a_stuck_launcher's detached process: PID START_TIME GRACE
+    _kill_after((int(sys.argv[1]), int(sys.argv[2])), float(sys.argv[3]))
