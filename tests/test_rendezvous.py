@@ -250,3 +250,61 @@ def test_the_driver_ends_only_the_process_that_registered(need_horovod, tmp_path
     finally:
         other.kill()
         driver.stop()
+
+
+# The most requests a second the ranks of a forming world send the one Python store
+# while they wait for a late peer, at any world size.
+STORE_REQUESTS_PER_SECOND = 1000
+WORLD_SIZE = 512
+BACKOFF_SECONDS = 5  # a wait's first polls come every 10 ms, 1.5 x longer each (patch 0022)
+
+
+def test_a_rank_waiting_for_its_world_polls_the_store_within_the_bound_at_512_ranks(need_horovod):
+    """A real rank of a 512-rank elastic world whose peers never come: its wait for a peer's
+    addresses and its watch for a failed world (patches 0014 and 0018) poll the store; 512 such
+    ranks stay within STORE_REQUESTS_PER_SECOND once the waits have backed off. Each poller
+    polled 10 times a second, so 512 ranks sent about 9,500 requests a second."""
+    import collections
+    import os
+    import subprocess
+    import sys
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    requests = collections.Counter()
+
+    class Counting(RendezvousHandler):
+        def do_GET(self):
+            requests[self.path.split("/")[1]] += 1
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = RendezvousHTTPServer(("127.0.0.1", 0), Counting, 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = dict(os.environ, HOROVOD_RANK="1", HOROVOD_SIZE=str(WORLD_SIZE), HOROVOD_LOCAL_RANK="0",
+               HOROVOD_LOCAL_SIZE="1", HOROVOD_CROSS_RANK="1", HOROVOD_CROSS_SIZE=str(WORLD_SIZE),
+               HOROVOD_HOSTNAME="rank-1", HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
+               HOROVOD_GLOO_IFACE="lo", HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1",
+               HOROVOD_GLOO_RENDEZVOUS_PORT=str(server.server_address[1]), HOROVOD_ELASTIC="1",
+               HOROVOD_GLOO_TIMEOUT_SECONDS="120")
+    rank = subprocess.Popen([sys.executable, "-c", "import horovod.torch as hvd; hvd.init()"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "elastic" not in requests and time.monotonic() < deadline:
+            time.sleep(0.1)  # the rank's imports, then its world forming
+        assert rank.poll() is None and requests, f"the rank never waited for its world: {rank.poll()}"
+        time.sleep(BACKOFF_SECONDS)
+        before, started = dict(requests), time.monotonic()
+        time.sleep(5)
+        counted, seconds = dict(requests), time.monotonic() - started
+    finally:
+        rank.kill()
+        stderr = rank.communicate()[1]
+        server.shutdown()
+        server.server_close()
+    per_second = {scope: (counted[scope] - before.get(scope, 0)) / seconds for scope in counted}
+    total = sum(per_second.values()) * WORLD_SIZE
+    assert total <= STORE_REQUESTS_PER_SECOND, \
+        f"{WORLD_SIZE} ranks would send the store {total:.0f} requests/s (one rank, by scope: {per_second})\n{stderr}"
