@@ -60,7 +60,7 @@ def parse_args(argv=None):
     horovod.add_argument("--gradient-predivide-factor", type=cli.positive_float, default=1.0,
                          help="divide gradients by this before the sum and by size/factor after")
     options.add_precision_arguments(horovod, cuda_auto="fp16 (with a GradScaler)", amp_alias=True)
-    horovod.add_argument("--channels-last", action=flag, help="NHWC layout (default: on with CUDA)")
+    horovod.add_argument("--channels-last", action=flag, help="NHWC layout for image inputs (default: on with CUDA)")
     horovod.add_argument("--balance", action="store_true",
                          help="split each step's global batch among the ranks by their measured speed, "
                               "re-split every --straggler-interval steps (heterogeneous workers)")

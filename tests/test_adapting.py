@@ -22,11 +22,13 @@ pytestmark = pytest.mark.usefixtures("need_horovod")
 SIGNALS = SCRIPTS / "train_signals.py"
 
 
-def test_their_model_and_data_train_on_two_ranks_as_on_one_and_resume_exactly(tmp_path):
-    """2 ranks x 8 (DataLoader workers, stopped mid-epoch and relaunched) == 1 rank x 16, uninterrupted:
-    the user's module reaches forkserver workers by name, its random augmentation is keyed per sample
-    (Python's, NumPy's and torch's generators), and the resume goes on at the next sample."""
-    task = write_task(tmp_path)
+def test_a_hugging_face_model_on_dict_samples_trains_on_two_ranks_as_on_one_and_resumes_exactly(tmp_path, need_mpi):
+    """A transformers ViT (its output a ModelOutput: the trainer reads .logits) on dict samples:
+    2 ranks x 8 under horovodrun (DataLoader workers, stopped mid-epoch and relaunched) and under
+    mpirun (uninterrupted) == 1 rank x 16: the user's module reaches forkserver workers by name,
+    its random augmentation is keyed per sample (Python's, NumPy's and torch's generators), and
+    the resume goes on at the next sample."""
+    task = write_task(tmp_path, hugging_face=True)
     common = [CNN, *task, *EXACT, "--epochs", "3", "--checkpoint-every", "6", "--keep-checkpoints", "9"]
     two = tmp_path / "two"
     ok(horovodrun(2, [*common, "--batch-size", "8", "--lr", "0.05", "--workers", "1", "--stop-after", "8",
@@ -34,23 +36,19 @@ def test_their_model_and_data_train_on_two_ranks_as_on_one_and_resume_exactly(tm
     resumed = ok(horovodrun(2, [*common, "--batch-size", "8", "--lr", "0.05", "--workers", "1",
                                 "--output-dir", two], timeout=240))
     assert "resuming at epoch 1 sample 32 (step 8)" in resumed.output, resumed.describe()
-    one = tmp_path / "one"
-    alone = ok(python([*common, "--batch-size", "16", "--lr", "0.1", "--output-dir", one], timeout=240))
-    assert "their_task.py:build on" in alone.output and "note:" not in alone.output, alone.describe()
-    assert_same_weights(checkpoint_at(two, 18), checkpoint_at(one, 18), "2 x 8 resumed against 1 x 16")
-    assert_same_weights(checkpoint_at(two, 6), checkpoint_at(one, 6), "after the first epoch")
-    rows = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
-    assert [row["epoch"] for row in rows] == [1, 2, 3] and rows[-1]["val_top1"] > 0.8, rows
-
-
-def test_their_model_and_data_under_mpirun(tmp_path, need_mpi):
-    """The README's single-machine mpirun form, the two seams as any other option."""
-    task = write_task(tmp_path)
+    under_mpirun = tmp_path / "mpirun"  # the README's single-machine mpirun form
     ran = ok(launch(["mpirun", "-np", "2", "-hostfile", REPO / "hostfiles" / "localhost", "--bind-to", "none",
-                     sys.executable, CNN, *task, "--epochs", "1", "--batch-size", "8", "--output-dir", tmp_path / "out"],
+                     sys.executable, *common, "--batch-size", "8", "--lr", "0.05", "--output-dir", under_mpirun],
                     timeout=240))
     assert "2 workers x batch 8 = global batch 16" in ran.output, ran.describe()
-    assert json.loads((tmp_path / "out" / "results.json").read_text())["completed"]
+    one = tmp_path / "one"
+    alone = ok(python([*common, "--batch-size", "16", "--lr", "0.1", "--output-dir", one], timeout=240))
+    assert "their_task.py:vit on" in alone.output and "note:" not in alone.output, alone.describe()
+    assert_same_weights(checkpoint_at(two, 18), checkpoint_at(one, 18), "2 x 8 resumed against 1 x 16")
+    assert_same_weights(checkpoint_at(two, 6), checkpoint_at(one, 6), "after the first epoch")
+    assert_same_weights(checkpoint_at(under_mpirun, 18), checkpoint_at(one, 18), "2 x 8 under mpirun against 1 x 16")
+    rows = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2, 3] and rows[-1]["val_top1"] > 0.8, rows
 
 
 def test_their_model_runs_elastic_and_balanced(tmp_path):
@@ -68,13 +66,24 @@ def test_their_model_runs_elastic_and_balanced(tmp_path):
     assert json.loads((tmp_path / "balanced" / "results.json").read_text())["completed"], balanced.describe()
 
 
+def test_channels_last_leaves_inputs_that_are_not_images_as_they_are(tmp_path):
+    """--channels-last (the default with CUDA) on 1-D signals and a Conv1d model: NHWC is for images
+    only (the batch's .to(memory_format=channels_last) failed at the first step: rank 4 required)."""
+    task = write_task(tmp_path)[1].rpartition(":")[0]
+    ran = ok(python([CNN, "--model", f"{task}:conv1d", "--dataset", f"{task}:waves", "--channels-last",
+                     "--epochs", "1", "--output-dir", tmp_path / "out"], timeout=120))
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["completed"], ran.describe()
+
+
 @pytest.mark.parametrize("option, value, naming", [
     ("--model", "no_such_module:build", "--model no_such_module:build: cannot import no_such_module "
                                         "(ModuleNotFoundError"),
     ("--model", "{task}:missing", ":missing: their_task has no callable missing"),
     ("--model", "{task}:not_a_module", "not_a_module(num_classes, in_channels) returned str, not a torch.nn.Module"),
     ("--model", "{task}:wrong_width", "its output for a batch of 2 is (2, 4), not (2, 3)"),
+    ("--model", "{task}:no_logits", "its output for a batch of 2 is dict, not (2, 3)"),
     ("--dataset", "{task}:not_a_pair", "a sample must be (input tensor, integer label)"),
+    ("--dataset", "{task}:no_label", "sample 0: a dict sample needs one label key (labels or label) and one input"),
     ("--dataset", "{task}:two_values", "must return (train set, val set, number of classes), not tuple"),
     ("--model", "resnet21", "argument --model: invalid choice: 'resnet21' (choose from convnet"),
 ])

@@ -102,10 +102,11 @@ def slurm_time(value):
 # ---------------------------------------------------------------- jobs on the cluster
 @pytest.mark.scale  # the seams' proof is test_adapting.py's (horovodrun, mpirun); this is its sbatch form
 def test_their_model_and_data_train_under_sbatch(slurm_cluster, need_horovod, tmp_path):
-    """train_cnn.sbatch with a model and a data set the project has never seen (support/user_task.py),
-    stopped by --stop-after, then resumed by a second job to the end: the seams under srun."""
+    """train_cnn.sbatch with a model and a data set the project has never seen (support/user_task.py:
+    a Hugging Face ViT on dict samples), stopped by --stop-after, then resumed by a second job to the
+    end: the seams under srun."""
     log, out = tmp_path / "job.out", tmp_path / "out"
-    args = [*write_task(tmp_path), "--precision", "fp32", "--epochs", "2", "--batch-size", "8",
+    args = [*write_task(tmp_path, hugging_face=True), "--precision", "fp32", "--epochs", "2", "--batch-size", "8",
             "--output-dir", out]
     job = submit(slurm_cluster, SLURM / "train_cnn.sbatch", log, [*args, "--stop-after", "7"])
     info = slurm_cluster.wait_for_end(job, JOB_TIMEOUT)

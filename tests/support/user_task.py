@@ -6,6 +6,8 @@ small MLP without BatchNorm or dropout (so 2 ranks x 8 train what 1 rank x 16 tr
 to float rounding); its data set is generated, 3 classes, and its training samples are
 augmented with draws from Python's ``random``, NumPy's global generator and torch's global
 generator alike: the trainer must key all three per sample for a resume to be exact.
+``vit`` and ``dict_data`` are the same task as a Hugging Face user brings it: a
+transformers ViT (its output a ModelOutput) on dict samples.
 """
 from pathlib import Path
 
@@ -45,6 +47,63 @@ class Points(Dataset):
 
 def data(data_dir):
     return Points(96, 1, augment=True), Points(32, 2, augment=False), 3
+
+
+def vit(num_classes, in_channels):
+    """A Hugging Face model: its output is an ImageClassifierOutput, the scores its .logits."""
+    from transformers import ViTConfig, ViTForImageClassification
+    return ViTForImageClassification(ViTConfig(
+        image_size=6, patch_size=3, num_channels=in_channels, hidden_size=16, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=32, num_labels=num_classes, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0))
+
+
+class DictPoints(Points):
+    """Samples as Hugging Face's image data sets give them."""
+
+    def __getitem__(self, index):
+        x, label = super().__getitem__(index)
+        return {"pixel_values": x, "labels": label}
+
+
+def dict_data(data_dir):
+    return DictPoints(96, 1, augment=True), DictPoints(32, 2, augment=False), 3
+
+
+class Waves(Points):
+    """1-D inputs: a channel of 36 points a sample."""
+
+    def __getitem__(self, index):
+        x, label = super().__getitem__(index)
+        return x[:1].reshape(1, 36), label
+
+
+def waves(data_dir):
+    return Waves(96, 1, augment=False), Waves(32, 2, augment=False), 3
+
+
+def conv1d(num_classes, in_channels):
+    return nn.Sequential(nn.Conv1d(in_channels, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, num_classes))
+
+
+class NoLabel(Points):
+    def __getitem__(self, index):
+        return {"pixel_values": self.inputs[index], "target": int(self.labels[index]), "id": index}
+
+
+def no_label(data_dir):
+    return NoLabel(96, 1, augment=False), Points(32, 2, augment=False), 3
+
+
+def no_logits(num_classes, in_channels):
+    class Scores(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = build(num_classes, in_channels)
+
+        def forward(self, x):
+            return {"scores": self.net(x)}
+    return Scores()
 
 
 class OwnGenerator(Points):
@@ -122,8 +181,11 @@ def stuck(data_dir):
 '''
 
 
-def write_task(directory):
-    """``their_task.py`` in ``directory``; the options that train with its model and data set."""
+def write_task(directory, hugging_face=False):
+    """``their_task.py`` in ``directory``; the options that train with its model and data set
+    (``hugging_face``: a transformers ViT on dict samples)."""
     path = Path(directory) / "their_task.py"
     path.write_text(TASK)
+    if hugging_face:
+        return ["--model", f"{path}:vit", "--dataset", f"{path}:dict_data"]
     return ["--model", f"{path}:build", "--dataset", f"{path}:data"]

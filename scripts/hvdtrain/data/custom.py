@@ -4,8 +4,9 @@
         return train_set, val_set, num_classes
 
 The sets are map-style (``len()`` and ``[index]``), each sample an (input tensor,
-integer label) pair; the input's first dimension is its channels (what ``--model``
-is built for). Every rank builds the same sets, and each trains its share of them.
+integer label) pair, or a dict of them (``{"pixel_values": ..., "labels": ...}``, as
+Hugging Face's data sets give); the input's first dimension is its channels (what
+``--model`` is built for). Every rank builds the same sets, and each trains its share of them.
 
 Exact resume needs a sample's random augmentation to depend only on (seed, epoch,
 index), whichever rank, DataLoader worker or relaunch reads it. ``KeyedSamples``
@@ -20,6 +21,7 @@ not hold when the two differ.
 import contextlib
 import hashlib
 import random
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -47,8 +49,28 @@ def keyed_generators(seed, epoch, index):
         torch.set_rng_state(saved[2])
 
 
+# A dict sample's keys (Hugging Face's names first): its label, and its input where it holds more than one other.
+LABEL_KEYS = ("labels", "label")
+INPUT_KEYS = ("pixel_values", "input_values", "inputs", "input")
+
+
+def as_pair(item):
+    """A sample as (input, label): a dict sample's input and label (LABEL_KEYS, INPUT_KEYS, or its one
+    other key) taken out; anything else as it is (``sample`` checks it)."""
+    if not isinstance(item, Mapping):
+        return item
+    labels = [key for key in LABEL_KEYS if key in item]
+    others = [key for key in item if key not in LABEL_KEYS]
+    inputs = others if len(others) == 1 else [key for key in INPUT_KEYS if key in item]
+    if len(labels) != 1 or len(inputs) != 1:
+        raise UsageError(f"a dict sample needs one label key ({' or '.join(LABEL_KEYS)}) and one input: its only "
+                         f"other key, or one of {', '.join(INPUT_KEYS)}; its keys are {', '.join(map(str, item))}")
+    return item[inputs[0]], item[labels[0]]
+
+
 class KeyedSamples(Dataset):
-    """A user's map-style data set whose global random generators are keyed per sample."""
+    """A user's map-style data set whose global random generators are keyed per sample; its samples
+    as (input, label) pairs."""
 
     def __init__(self, samples, seed):
         self.samples, self.seed, self.epoch = samples, seed, 0
@@ -62,7 +84,7 @@ class KeyedSamples(Dataset):
 
     def __getitem__(self, index):
         with keyed_generators(self.seed, self.epoch, index):
-            return self.samples[index]
+            return as_pair(self.samples[index])
 
 
 def load(spec, data_dir, seed):
@@ -92,12 +114,14 @@ def sample(dataset, spec, index, epoch=0):
     dataset.set_epoch(epoch)
     try:
         item = dataset[index]
+    except UsageError as error:
+        raise UsageError(f"--dataset {spec}: sample {index}: {error}") from None
     except Exception as error:  # noqa: BLE001 - the user's code: whatever it raises, one line
         raise UsageError(f"--dataset {spec}: reading sample {index} raised {error.__class__.__name__}: "
                          f"{usercode.first_line(error)}") from None
     if not (isinstance(item, (tuple, list)) and len(item) == 2 and torch.is_tensor(item[0])
             and isinstance(int_label(item[1]), int)):
-        raise UsageError(f"--dataset {spec}: a sample must be (input tensor, integer label), not "
+        raise UsageError(f"--dataset {spec}: a sample must be (input tensor, integer label) or a dict of them, not "
                          f"{type(item).__name__} {str(item)[:60]!r}")
     return item
 

@@ -8,6 +8,7 @@ same step under Horovod, DDP and alone. Also the script's argument checks, the
 world's arithmetic (``batching``), data facts and results.json summary.
 """
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -179,7 +180,8 @@ class Trainer:
     last_lr: float = 0.0  # the LR of the latest step
 
     def to_device(self, images_batch, targets):
-        layout = torch.channels_last if self.channels_last else torch.preserve_format
+        # NHWC is a layout of images (N, C, H, W) only: other inputs (signals, volumes) stay as they are.
+        layout = torch.channels_last if self.channels_last and images_batch.dim() == 4 else torch.preserve_format
         images_batch = images_batch.to(self.device, non_blocking=True, memory_format=layout)
         if images_batch.dtype == torch.uint8:  # image files' pixels: normalised here, a batch at once
             images_batch = images.normalize_pixels(images_batch)
@@ -269,7 +271,8 @@ def build_model(settings, ctx, num_classes, channels, train_set):
 
 def user_model(spec, num_classes, channels, train_set):
     """``--model MODULE:CALLABLE``'s module, checked: a torch.nn.Module whose output for a batch of two of
-    the data's samples is one score per class (UsageError, one line, otherwise)."""
+    the data's samples is one score per class (UsageError, one line, otherwise): a tensor, or a
+    ModelOutput, dict or tuple holding it (its ``logits``, its first item)."""
     build = usercode.load_callable(spec, "--model")
     model = usercode.call(spec, "--model", build, num_classes, channels)
     if not isinstance(model, nn.Module):
@@ -287,11 +290,26 @@ def user_model(spec, num_classes, channels, train_set):
         raise UsageError(f"--model {spec}: its forward pass on a batch of the data's shape {tuple(batch.shape)} "
                          f"raised {error.__class__.__name__}: {usercode.first_line(error)}") from None
     model.train()
+    if not torch.is_tensor(output) and torch.is_tensor(scores(output)):
+        # A Hugging Face model's ModelOutput (or a dict, or return_dict=False's tuple): the trainer
+        # reads its logits. A forward hook, not a wrapper: the state dict keeps the model's own keys.
+        model.register_forward_hook(lambda module, inputs, result: scores(result))
+        output = scores(output)
     if not torch.is_tensor(output) or tuple(output.shape) != (len(batch), num_classes):
         shape = tuple(output.shape) if torch.is_tensor(output) else type(output).__name__
         raise UsageError(f"--model {spec}: its output for a batch of {len(batch)} is {shape}, not "
                          f"({len(batch)}, {num_classes}): one score for each of the data's {num_classes} classes")
     return model
+
+
+def scores(output):
+    """The class scores in a model's output: ``output["logits"]`` of a mapping (a Hugging Face
+    ModelOutput is one), the first item of a tuple, else the output itself."""
+    if isinstance(output, Mapping) and "logits" in output:
+        return output["logits"]
+    if isinstance(output, tuple) and output:
+        return output[0]
+    return output
 
 
 def build_optimizer(settings, model, lr):
