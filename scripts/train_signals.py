@@ -11,8 +11,23 @@ watchdog; --elastic runs under hvd.elastic.run. docs/adapting.md walks through i
 lines of it that are the task's own marked.
 """
 import math
+from dataclasses import dataclass
+
+import torch
+import horovod.torch as hvd
 
 from hvdtrain import cli, options
+from hvdtrain.data.images import sample_generator
+from hvdtrain.durations import SectionTimer
+from hvdtrain.errors import UsageError
+from hvdtrain.runtime import collectives, dist, elastic, nonfinite, precision, rng, signals
+from hvdtrain.runtime.checkpoint import Checkpointer
+from hvdtrain.runtime.metrics import EpochSums, SumMeter
+from hvdtrain.runtime.run import Run, TrainState
+from hvdtrain.runtime.settings import RunSettings
+from hvdtrain.training import optim
+from hvdtrain.training.batching import Batching
+from hvdtrain.training.epochs import EpochPlan, schedule_length
 
 
 def parse_args(argv=None):
@@ -27,28 +42,9 @@ def parse_args(argv=None):
     task.add_argument("--lr", type=cli.positive_float, default=3e-3, help="per --batch-size; scaled with the workers")
     task.add_argument("--workers", type=cli.non_negative_int, default=0, help="DataLoader processes per rank")
     device = options.add_run_arguments(parser, output_dir="runs/signals", checkpoint_every=0)
+    options.add_precision_arguments(device, cuda_auto="bf16")
     options.add_elastic_arguments(device, commit_every=20)
     return parser.parse_args(argv)
-
-if __name__ == "__main__":
-    cli.run_main(parse_args)  # --help and bad arguments answer before torch loads
-
-from dataclasses import dataclass  # noqa: E402
-
-import torch  # noqa: E402
-import horovod.torch as hvd  # noqa: E402
-
-from hvdtrain.data.images import sample_generator  # noqa: E402
-from hvdtrain.durations import SectionTimer  # noqa: E402
-from hvdtrain.errors import UsageError  # noqa: E402
-from hvdtrain.runtime import collectives, dist, elastic, nonfinite, rng, signals  # noqa: E402
-from hvdtrain.runtime.checkpoint import Checkpointer  # noqa: E402
-from hvdtrain.runtime.metrics import EpochSums, SumMeter  # noqa: E402
-from hvdtrain.runtime.run import Run, TrainState  # noqa: E402
-from hvdtrain.runtime.settings import RunSettings  # noqa: E402
-from hvdtrain.training import optim  # noqa: E402
-from hvdtrain.training.batching import Batching  # noqa: E402
-from hvdtrain.training.epochs import EpochPlan, schedule_length  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -60,6 +56,7 @@ class SignalSettings(RunSettings):  # the task's: what a checkpoint records and 
     epochs: int
     lr: float
     workers: int
+    precision: str  # resolved: fp32, bf16 or fp16 (fp16 with a GradScaler)
 
 
 @dataclass
@@ -101,10 +98,12 @@ class FrequencyNet(torch.nn.Sequential):  # the task's model
 
 
 def check_args(args, ctx):
+    """What the arguments resolve to on this rank's device: its precision (UsageError: one line)."""
     elastic.check_launcher(args.elastic)
     if args.samples // ctx.size < args.batch_size * args.accumulation_steps:
         raise UsageError(f"--samples {args.samples} over {ctx.size} workers leave fewer than one batch of "
                          f"{args.batch_size * args.accumulation_steps} each")
+    return {"precision": precision.resolve(args.precision, ctx.device.type, cuda_auto="bf16").name}
 
 
 def main():
@@ -114,15 +113,18 @@ def main():
     dist.configure_horovod(args)
     # Horovod: initialize Horovod
     hvd.init()
-    # Horovod: this rank's device (the CPU here), its share of the node's cores, its watchdog
-    ctx = dist.setup(use_cuda=False, threads=args.threads, elastic=args.elastic)
+    # Horovod: this rank's GPU (one per process; --cpu: none), its share of the node's cores, its watchdog
+    ctx = dist.setup(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
     # Horovod: a bad argument stops every rank with the same one line
-    collectives.agreement(alone=args.elastic)(check_args, args, ctx)
-    settings = SignalSettings.build(args, world_size="elastic" if args.elastic else ctx.size, global_batch=None)
+    resolved = collectives.agreement(alone=args.elastic)(check_args, args, ctx)
+    settings = SignalSettings.build(args, **resolved, world_size="elastic" if args.elastic else ctx.size,
+                                    global_batch=None)
+    ctx.print0(f"signals: {settings.samples} of {settings.length} points; {ctx.size} workers x batch "
+               f"{settings.batch_size}; device {ctx.device.type}, precision {settings.precision}")
     rng.seed_everything(settings.seed)  # the same initial weights on every rank
     train_set = Signals(settings.samples, settings.length, settings.noise, settings.seed)
     val_set = Signals(settings.samples // 4, settings.length, 0.0, settings.seed + 1)
-    model = FrequencyNet(settings.channels, settings.length)
+    model = FrequencyNet(settings.channels, settings.length).to(ctx.device)
     batching = Batching.of(settings, ctx.size, lr_scale=lambda global_batch: global_batch / settings.batch_size)
     # Horovod: the gradients averaged by allreduce during backward
     optimizer = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=batching.lr),
@@ -131,12 +133,13 @@ def main():
     dist.fixed_gradient_buckets(optimizer)  # Horovod: fused the same way every step, bit-for-bit results
     length = schedule_length(settings, batching, len(train_set))
     scheduler = optim.warmup_then_decay(optimizer, length // 2, settings.epochs * length)
+    scaler = precision.scaler(settings.precision, ctx.device)  # fp16 only: the loss scaled, steps checked
     state = SignalState()
     sums = EpochSums(SumMeter("train_mse"), folded=settings.global_position)
     checkpointer = Checkpointer(ctx, settings.output_dir, keep=settings.keep_checkpoints,
                                 write_mode=settings.checkpoint_write,
                                 shared={"model": model, "optimizer": optimizer, "scheduler": scheduler,
-                                        "epoch_sums": sums, "train_state": state},
+                                        "scaler": scaler, "epoch_sums": sums, "train_state": state},
                                 per_rank={"rng": rng.RngState(settings.seed), "meter": sums.meter})
     # Horovod: the run's elastic state (committed, restored and synced under --elastic)
     commits = elastic.Commits(checkpointer, ctx, settings.elastic_commit_every, enabled=settings.elastic)
@@ -145,13 +148,13 @@ def main():
     guard = nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state, say=ctx.print0)
     # Horovod: under --elastic, hvd.elastic.run calls train() again after every reset
     train_in_world = hvd.elastic.run(train) if settings.elastic else train
-    train_in_world(commits, run, settings, ctx, state, (model, optimizer, scheduler, guard, timer),
+    train_in_world(commits, run, settings, ctx, state, (model, optimizer, scheduler, scaler, guard, timer),
                    (train_set, val_set), sums)
 
 
 def train(commits, run, settings, ctx, state, parts, datasets, sums):
     """The epochs left, in this world (hvd.elastic.run calls it again after every reset)."""
-    model, optimizer, scheduler, guard, timer = parts
+    model, optimizer, scheduler, scaler, guard, timer = parts
     if run.begin() == "fresh":
         # Horovod: every rank starts from rank 0's initial weights
         collectives.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -160,15 +163,17 @@ def train(commits, run, settings, ctx, state, parts, datasets, sums):
     batching = Batching.of(settings, ctx.size, lr_scale=lambda global_batch: global_batch / settings.batch_size)
     plan = EpochPlan(settings, batching, ctx.rank, state, *datasets)  # the sample position at this size
     run.retarget(plan.total_steps)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
     reason = None
     while state.epoch < settings.epochs:
         plan.start_epoch()
         for signals_batch, frequencies in timer.timed(plan.train_loader, "data"):
             plan.set_learning_rate(scheduler)
             with timer.section("compute"):
-                loss = guard.watch(torch.nn.functional.mse_loss(model(signals_batch), frequencies))
-                loss.backward()  # Horovod: the gradients' allreduce starts here
+                signals_batch, frequencies = signals_batch.to(ctx.device), frequencies.to(ctx.device)
+                with autocast(settings.precision, ctx.device):
+                    predicted = model(signals_batch)
+                loss = guard.watch(torch.nn.functional.mse_loss(predicted.float(), frequencies))
+                scaler.scale(loss).backward()  # Horovod: the gradients' allreduce starts here
             # Horovod: wait for the averaged gradients, the ranks' NaN/Inf vote (an allreduce), step
             if optim.finish_step(optimizer, scaler, guard=guard, timer=timer):
                 sums.meter.add("train_mse", loss.detach() * len(frequencies), len(frequencies))
@@ -180,7 +185,7 @@ def train(commits, run, settings, ctx, state, parts, datasets, sums):
             run.save()  # Horovod: a checkpoint's collectives and --elastic's commit, when due
         if plan.epoch_done:
             row = {"epoch": state.epoch + 1, "step": state.step, **sums.epoch_metrics(ctx.size),  # Horovod: allreduce
-                   **validate(model, plan.val_loader)}  # Horovod: allreduce of the validation sums
+                   **validate(model, plan.val_loader, settings.precision, ctx.device)}  # Horovod: allreduce
             sums.next_epoch()
             state.next_epoch()
             state.last_row = row
@@ -193,12 +198,21 @@ def train(commits, run, settings, ctx, state, parts, datasets, sums):
     run.log.info(f"val_mse {state.last_row['val_mse']:.4g}; results in {path}")
 
 
+def autocast(name, device):
+    """The forward pass in precision ``name`` (fp32: as it is)."""
+    dtype = precision.DTYPES[name]
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
 @torch.no_grad()
-def validate(model, loader):
+def validate(model, loader, precision_name, device):
     model.eval()
     meter = SumMeter("val_mse")
     for signals_batch, frequencies in loader:
-        meter.add("val_mse", torch.nn.functional.mse_loss(model(signals_batch), frequencies, reduction="sum"),
+        signals_batch, frequencies = signals_batch.to(device), frequencies.to(device)
+        with autocast(precision_name, device):
+            predicted = model(signals_batch)
+        meter.add("val_mse", torch.nn.functional.mse_loss(predicted.float(), frequencies, reduction="sum"),
                   len(frequencies))
     model.train()
     return meter.reduce("val")

@@ -3,7 +3,7 @@
 # "checkpoint, then requeue":
 #
 #   source "$HVD_REPO/slurm/common.sh"
-#   hvd_run scripts/train_cnn.py "$@"
+#   hvd_run scripts/train_cnn.py "$@"      # or any trainer: slurm/train.sbatch
 #
 # Settings, read from the environment (sbatch passes yours on):
 #   LAUNCHER=srun        srun --mpi=pmix (default): Slurm starts every rank
@@ -244,13 +244,19 @@ hvd_requeue() {
 }
 
 # hvd_run SCRIPT [ARGS...]: run SCRIPT on every rank of the job, requeue on USR1.
+# SCRIPT: an absolute path, a path in the repository (scripts/train_cnn.py), or a
+# path relative to the submit directory (a trainer of your own, anywhere).
 hvd_run() {
     # By absolute path: the job runs in the submit directory, where relative
     # paths in the script's arguments (--output-dir runs/x) mean what you typed.
-    HVD_SCRIPT=$HVD_REPO/$1
+    [ -n "${1:-}" ] || hvd_fail "no script to run: give the trainer's path first"
+    case $1 in
+        /*) HVD_SCRIPT=$1 ;;
+        *) if [ -f "$HVD_REPO/$1" ]; then HVD_SCRIPT=$HVD_REPO/$1; else HVD_SCRIPT=$PWD/$1; fi ;;
+    esac
     shift
     [ -n "${SLURM_JOB_ID:-}" ] || hvd_fail "not inside a Slurm job: submit this file with sbatch"
-    [ -f "$HVD_SCRIPT" ] || hvd_fail "$HVD_SCRIPT not found: submit from the repository root or set HVD_REPO"
+    [ -f "$HVD_SCRIPT" ] || hvd_fail "$HVD_SCRIPT not found: give the trainer's path from where you submit, or set HVD_REPO to the repository"
     [[ -z "${MIN_NODES:-}" || "$MIN_NODES" =~ ^[1-9][0-9]*$ ]] ||
         hvd_fail "MIN_NODES=$MIN_NODES: give the fewest nodes a requeued run may start on, a number from 1"
     LAUNCHER=${LAUNCHER:-srun}

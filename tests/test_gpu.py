@@ -121,6 +121,22 @@ def test_cnn_resume_with_amp_matches_an_uninterrupted_run(tmp_path):
     assert max_difference(expected["model"], actual["model"]) < 1e-4
 
 
+def test_the_example_trainer_on_cuda_in_fp16_resumes_exactly(tmp_path):
+    """scripts/train_signals.py, the trainer docs/adapting.md has users copy: on the GPU, fp16 with its
+    GradScaler (in the checkpoint), stopped after step 5 and resumed == uninterrupted."""
+    common = [SCRIPTS / "train_signals.py", "--precision", "fp16", "--samples", "256", "--length", "32",
+              "--epochs", "2", "--batch-size", "16", "--checkpoint-every", "4"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    first = ok(horovodrun(NP, [*common, "--output-dir", whole], timeout=300, env=ENV))
+    assert "device cuda, precision fp16" in first.output, first.describe()
+    ok(horovodrun(NP, [*common, "--stop-after", "5", "--output-dir", parts], timeout=300, env=ENV))
+    ok(horovodrun(NP, [*common, "--output-dir", parts], timeout=300, env=ENV))
+    steps = results(whole)["steps"]
+    expected, actual = checkpoint_at(whole, steps), checkpoint_at(parts, steps)
+    assert expected["scaler"]["scale"] > 0 and actual["scaler"]["scale"] == expected["scaler"]["scale"]
+    assert max_difference(expected["model"], actual["model"]) < 1e-4
+
+
 def test_bert_fp16_gradscaler_with_clipping_and_accumulation(bert_data, tmp_path):
     out = tmp_path / "fp16"
     run = bert(bert_data, out, ["--precision", "fp16", "--accumulation-steps", "2", "--max-grad-norm", "1.0",

@@ -31,7 +31,7 @@ from support.slurm_jobs import (LAUNCHERS, SLURM, assert_requeued_once, ended, e
 from support.user_task import write_task
 from support.weights import assert_same_tensors, checkpoint_at
 
-SBATCH_FILES = [SLURM / "train_cnn.sbatch", SLURM / "pretrain_bert.sbatch"]
+SBATCH_FILES = [SLURM / "train_cnn.sbatch", SLURM / "pretrain_bert.sbatch", SLURM / "train.sbatch"]
 JOB_TIMEOUT = 480  # jobs share 2 cores with the rest of the suite (a CI run saw 0.1 steps/s)
 
 
@@ -117,6 +117,30 @@ def test_their_model_and_data_train_under_sbatch(slurm_cluster, need_horovod, tm
     assert info["JobState"] == "COMPLETED", f"{info}\n{log.read_text()}"
     assert "resuming at epoch 1 sample 16 (step 7)" in log.read_text(), log.read_text()
     assert json.loads((out / "results.json").read_text())["steps"] == 12
+
+
+# docs/adapting.md's form for a trainer copied out of the repository, submitted from its folder.
+COPIED_TRAINER = ("HVD_REPO=~/hvd-training-scripts sbatch ~/hvd-training-scripts/slurm/train.sbatch my_trainer.py "
+                  "--output-dir runs/mine")
+
+
+def test_a_trainer_outside_the_repository_is_submitted_with_sbatch(slurm_cluster, need_horovod, tmp_path):
+    """docs/adapting.md's copied trainer: scripts/train_signals.py copied to a folder of its own and
+    submitted from there by its relative path with slurm/train.sbatch (hvd_run put the repository
+    before every script)."""
+    assert COPIED_TRAINER in (REPO / "docs" / "adapting.md").read_text(), "docs/adapting.md no longer shows it"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(SCRIPTS / "train_signals.py", elsewhere / "my_trainer.py")
+    log = tmp_path / "job.out"
+    job = slurm_cluster.sbatch(["--output", log, REPO / "slurm" / "train.sbatch", "my_trainer.py", "--samples", "128",
+                                "--length", "32", "--epochs", "1", "--batch-size", "16", "--output-dir", "runs/mine"],
+                               env={"LAUNCHER": "srun", "HVD_REPO": str(REPO)}, cwd=elsewhere)
+    info = slurm_cluster.wait_for_end(job, JOB_TIMEOUT)
+    assert info["JobState"] == "COMPLETED", f"{info}\n{log.read_text()}"
+    assert f"python {elsewhere / 'my_trainer.py'} --samples" in log.read_text(), log.read_text()
+    assert ", 2 ranks," in log.read_text(), log.read_text()
+    assert json.loads((elsewhere / "runs" / "mine" / "results.json").read_text())["completed"], log.read_text()
 
 
 @pytest.mark.parametrize("setting, line", [
