@@ -101,6 +101,8 @@ def load_data(args, ctx, workers):
     with ctx.watchdog.phase("scanning and verifying the images"):
         if usercode.is_spec(args.dataset):  # your own: its random draws keyed per sample (data/custom.py)
             data = custom.load(args.dataset, args.data, args.seed)
+            if workers:  # a data set that cannot reach them: one line now, not a dead worker later
+                custom.check_workers_receive(data[0], args.dataset, workers)
         else:
             data = images.load(args.dataset, args.data, args.image_size, args.seed, args.synthetic_samples,
                                verify_share=(ctx.rank, ctx.size) if args.verify_images else None,

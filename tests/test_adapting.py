@@ -75,6 +75,23 @@ def test_channels_last_leaves_inputs_that_are_not_images_as_they_are(tmp_path):
     assert json.loads((tmp_path / "out" / "results.json").read_text())["completed"], ran.describe()
 
 
+YOUR_LOOP = REPO / "examples" / "your_loop" / "with_horovod.py"
+
+
+def test_an_existing_loop_made_distributed_trains_on_two_ranks_as_on_one_and_resumes_exactly(tmp_path):
+    """examples/your_loop/with_horovod.py, plain.py with the package's pieces added: 2 ranks stopped
+    after step 40 and relaunched == 1 rank uninterrupted (the global batch the same); 3 ranks, which
+    cannot share its batch, stop with one line."""
+    two = tmp_path / "two"
+    ok(horovodrun(2, [YOUR_LOOP, "--stop-after", "40", "--output-dir", two], timeout=120))
+    resumed = ok(horovodrun(2, [YOUR_LOOP, "--output-dir", two], timeout=120))
+    assert "epoch 3 loss" in resumed.output and "epoch 1 loss" not in resumed.output, resumed.describe()
+    ok(python([YOUR_LOOP, "--output-dir", tmp_path / "one"], timeout=120))
+    assert_same_weights(checkpoint_at(two, 96), checkpoint_at(tmp_path / "one", 96), "2 ranks resumed against 1")
+    one_error_line(horovodrun(3, [YOUR_LOOP, "--output-dir", tmp_path / "three"], timeout=120),
+                   "3 ranks cannot share a batch of 16: use a divisor of it")
+
+
 @pytest.mark.parametrize("option, value, naming", [
     ("--model", "no_such_module:build", "--model no_such_module:build: cannot import no_such_module "
                                         "(ModuleNotFoundError"),
@@ -93,6 +110,16 @@ def test_their_code_that_does_not_fit_is_one_line(tmp_path, option, value, namin
     args[option] = value.format(task=task)
     one_error_line(python([CNN, *[item for pair in args.items() for item in pair],
                            "--output-dir", tmp_path / "out"], timeout=120), naming)
+
+
+def test_a_data_set_its_workers_cannot_receive_is_one_line_before_the_first_step(tmp_path):
+    """A torch.Generator held by the data set: DataLoader's forkserver workers died at the first batch
+    ("unable to resize file" in the worker, "DataLoader worker exited unexpectedly" in the rank)."""
+    task = write_task(tmp_path)[1].rpartition(":")[0]
+    one_error_line(python([CNN, "--model", f"{task}:build", "--dataset", f"{task}:torch_generator", "--workers", "1",
+                           "--output-dir", tmp_path / "out"], timeout=120),
+                   "its OwnTorchGenerator.noise is a torch.Generator, which a DataLoader worker process cannot "
+                   "receive, and --workers 1 sends the data set to worker processes")
 
 
 def test_every_rank_stops_with_the_one_line(tmp_path):

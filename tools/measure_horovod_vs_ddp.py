@@ -14,7 +14,8 @@ one fixed synthetic CIFAR-size batch per rank (--batch-size images, fp32), SGD w
   ``DistributedDataParallel(model)`` with its defaults;
 - Horovod: ``horovodrun -np NP --mpi`` or ``--gloo`` (or ``mpirun -np NP`` with --launcher
   mpirun), ``hvd.DistributedOptimizer`` and ``hvd.broadcast_parameters``, in one of two
-  --settings: ``plain``, a user's ``hvd.init()``, nothing else; ``trainers``, Horovod started
+  --settings: ``plain``, a user's ``hvd.init()``, nothing else; ``startup``, a user's script
+  started by the package's ``dist.init()`` (its optimizer a plain DistributedOptimizer); ``trainers``, Horovod started
   the way train_cnn.py and pretrain_bert.py start it (``hvdtrain.runtime.dist.init``: the
   controller's variables, hvd.init(), the threads rule, the host-memory setting, the watchdog
   and the heartbeat, the watchdog told of every step) and their gradients in fixed buckets
@@ -107,9 +108,10 @@ def build(args):
 def horovod_main(args):
     import horovod.torch as hvd
     beat = lambda: None  # noqa: E731
-    if args.settings[0] == "trainers":
+    if args.settings[0] in ("trainers", "startup"):
         from hvdtrain.runtime import dist
-        ctx = dist.init(use_cuda=False, threads=args.threads or None)  # configure, hvd.init(), setup
+        # configure, hvd.init(), setup; the trainers' gradients go in fixed buckets, a user's script's may not
+        ctx = dist.init(use_cuda=False, threads=args.threads or None, buckets=args.settings[0] == "trainers")
         beat = ctx.watchdog.step
     else:
         hvd.init()
@@ -282,8 +284,9 @@ def parse_args():
     parser.add_argument("--launcher", choices=["horovodrun", "mpirun"], default="horovodrun",
                         help="what starts the Horovod ranks (mpirun: the MPI controller)")
     parser.add_argument("--mpirun-args", default="", help="more mpirun options with --launcher mpirun")
-    parser.add_argument("--settings", nargs="+", choices=["plain", "trainers"], default=["trainers"],
-                        help="Horovod started by a plain hvd.init() or as the trainers start it; one run each a round")
+    parser.add_argument("--settings", nargs="+", choices=["plain", "startup", "trainers"], default=["trainers"],
+                        help="Horovod started by a plain hvd.init(), by the package's start-up call with a plain "
+                             "DistributedOptimizer (startup), or as the trainers start it; one run each a round")
     parser.add_argument("--ddp-host-memory", action="store_true",
                         help="also run DDP with the trainers' host-memory setting (runtime/host_memory.py), and "
                              "compare Horovod with it too: the difference left is the communication's")

@@ -45,7 +45,7 @@ class HorovodBackend:
 
     def __init__(self, args):
         dist.request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
-        self.ctx = dist.init(use_cuda=not args.cpu, threads=args.threads)  # Horovod: hvd.init()
+        self.ctx = dist.init(use_cuda=not args.cpu, threads=args.threads, buckets=True)  # Horovod: hvd.init()
         self.rank, self.size, self.local_size = self.ctx.rank, self.ctx.size, self.ctx.local_size
         self.device = self.ctx.device
         self.threads = torch.get_num_threads()

@@ -20,6 +20,7 @@ not hold when the two differ.
 """
 import contextlib
 import hashlib
+import pickle
 import random
 from collections.abc import Mapping
 
@@ -107,6 +108,24 @@ def load(spec, data_dir, seed):
     train, val = KeyedSamples(train, seed), KeyedSamples(val, seed)
     first = sample(train, spec, 0)
     return train, val, classes, first[0].shape[0] if first[0].dim() else 1
+
+
+def check_workers_receive(dataset, spec, workers):
+    """UsageError (one line) when DataLoader worker processes cannot receive ``dataset`` (a KeyedSamples):
+    an attribute of the user's set that does not pickle (an open file, a lock), or a torch.Generator
+    (it pickles, but a forkserver worker dies unpickling it, naming neither the set nor the cause)."""
+    for name, value in vars(dataset.samples).items():
+        if isinstance(value, torch.Generator):
+            why = "is a torch.Generator, which a DataLoader worker process cannot receive"
+        else:
+            try:
+                pickle.dumps(value)
+                continue
+            except Exception as error:  # noqa: BLE001 - whatever pickling the user's object raises
+                why = f"({type(value).__name__}) does not pickle ({usercode.first_line(error)})"
+        raise UsageError(f"--dataset {spec}: its {type(dataset.samples).__name__}.{name} {why}, and --workers "
+                         f"{workers} sends the data set to worker processes: create it in __getitem__ (a "
+                         f"generator seeded per sample, a file opened on first use), or use --workers 0")
 
 
 def sample(dataset, spec, index, epoch=0):

@@ -6,7 +6,13 @@
     ctx.print0("only rank 0 prints this")
 
 ``dist.init()`` is the three in one call, for programs with nothing to do in between
-(the benchmark's Horovod backend, the test workers).
+(your own script, the benchmark's Horovod backend, the test workers).
+
+Two of Horovod's settings suit only gradients sent in fixed buckets
+(``fixed_gradient_buckets``): the Gloo controller's long cycle on a CPU and each
+grouped allreduce fused on its own. The trainers ask for them (``buckets=True``);
+a script that hands its optimizer to a plain ``hvd.DistributedOptimizer`` keeps
+Horovod's own (the long cycle made such a script's steps slower than stock).
 """
 import functools
 import os
@@ -77,10 +83,10 @@ def _this_rank(ctx):
 def configure_horovod(args):
     """Horovod's variables, read by hvd.init(): call before it. Its diagnostics (--horovod-timeline,
     --horovod-autotune), a tuned profile (--horovod-profile; returns the line that says what it set, or
-    None) and the controller's settings (``configure``). The trainers' args."""
+    None) and the controller's settings (``configure``, for gradients in fixed buckets). The trainers' args."""
     request_diagnostics(args.horovod_timeline, args.horovod_autotune, args.horovod_autotune_log)
     profile = horovod_profile.apply(args)  # benchmark.py tune's variables
-    configure(use_cuda=not args.cpu, elastic=args.elastic)
+    configure(use_cuda=not args.cpu, elastic=args.elastic, buckets=True)
     return profile
 
 
@@ -103,8 +109,9 @@ def request_diagnostics(timeline=None, autotune=False, autotune_log=None):
         os.environ["HOROVOD_AUTOTUNE_LOG"] = str(autotune_log)
 
 
-def configure(use_cuda=True, stall_shutdown_seconds=None, elastic=False):
-    """The controller's settings hvd.init() reads (an explicit environment setting wins)."""
+def configure(use_cuda=True, stall_shutdown_seconds=None, elastic=False, buckets=False):
+    """The controller's settings hvd.init() reads (an explicit environment setting wins). ``buckets``:
+    the gradients will go in fixed buckets (``fixed_gradient_buckets``), and the controller is set for them."""
     testhooks.check_environment()  # a malformed test-only variable: one line, exit 2, before any step
     # (horovodrun's --stall-check-shutdown-time-seconds sets the same variable.)
     # The watchdog finds hangs; Horovod's own shutdown (MPI only) is a backstop that
@@ -119,22 +126,23 @@ def configure(use_cuda=True, stall_shutdown_seconds=None, elastic=False):
     # the core from the compute threads (or the rank being waited for). Yielding
     # made CNN epochs 2.5x faster under horovodrun --mpi on the 2-core test machine.
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-    # Each bucket of gradients fused on its own (fixed_gradient_buckets): the same buffers every step.
-    os.environ.setdefault("HOROVOD_DISABLE_GROUP_FUSION", "1")
     if elastic:
         # Horovod's response cache refers to tensors by bit positions agreed in earlier
         # cycles; a worker that joins after a reset starts with an empty cache. Seen here
         # under load after a host rejoined: gloo "op.preamble.length <= op.nbytes" aborts
         # (each rank fusing other tensors). Without the cache every cycle negotiates.
         os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
-    if os.environ.get("HOROVOD_CONTROLLER") == "gloo":  # horovodrun --gloo sets it
-        device = "cuda" if use_cuda and torch.cuda.is_available() else "cpu"
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", GLOO_CYCLE_TIME_MS[device])
+    if buckets:
+        # Each bucket of gradients fused on its own (fixed_gradient_buckets): the same buffers every step.
+        os.environ.setdefault("HOROVOD_DISABLE_GROUP_FUSION", "1")
+        if os.environ.get("HOROVOD_CONTROLLER") == "gloo":  # horovodrun --gloo sets it
+            device = "cuda" if use_cuda and torch.cuda.is_available() else "cpu"
+            os.environ.setdefault("HOROVOD_CYCLE_TIME", GLOO_CYCLE_TIME_MS[device])
 
 
-def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False):
-    """``configure``, hvd.init() and ``setup`` in one call."""
-    configure(use_cuda, stall_shutdown_seconds, elastic)
+def init(use_cuda=True, threads=None, stall_shutdown_seconds=None, elastic=False, buckets=False):
+    """``configure``, hvd.init() and ``setup`` in one call (``buckets``: see ``configure``)."""
+    configure(use_cuda, stall_shutdown_seconds, elastic, buckets)
     hvd.init()  # Horovod: start the background communication thread.
     return setup(use_cuda, threads, elastic)
 
@@ -313,6 +321,9 @@ def fixed_gradient_buckets(optimizer, bucket_bytes=horovod_profile.BUCKET_BYTES)
     """
     if not hasattr(optimizer, "_p_to_group"):
         return optimizer
+    if os.environ.get("HOROVOD_DISABLE_GROUP_FUSION") != "1":  # buckets fused together: timing decides again
+        raise UsageError("dist.fixed_gradient_buckets needs Horovod configured for them before hvd.init(): "
+                         "dist.configure(buckets=True), dist.init(buckets=True) or dist.configure_horovod(args)")
     params = list(reversed([p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]))
     sizes = [p.numel() * p.element_size() for p in params]
     optimizer._groups = [tuple(params[i] for i in bucket) for bucket in horovod_profile.packed(sizes, bucket_bytes)]
