@@ -50,8 +50,8 @@ def main():
     # Horovod: hvd.init(), this rank's threads, the progress watchdog and the heartbeat (a hung or lost
     # rank ends the job with one line naming it)
     ctx = dist.init(use_cuda=False)  # +
-    if BATCH % hvd.size():  # +
-        raise UsageError(f"{hvd.size()} ranks cannot share a batch of {BATCH}: use a divisor of it")  # +
+    if BATCH % hvd.size():  # + every rank finds it: rank 0 alone says it
+        raise UsageError(f"{hvd.size()} ranks cannot share a batch of {BATCH}: use a divisor of it", on_every_rank=True)  # +
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
