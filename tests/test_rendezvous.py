@@ -228,9 +228,10 @@ class _ExitsWhileReadAsHeard(dict):
     def get(self, key, default=None):
         value = super().get(key, default)
         if key == self.key and self.exiting is None:
-            self.exiting = threading.Thread(target=self.driver._forget_worker, args=(key,))
-            self.exiting.start()
-            self.exiting.join(timeout=0.5)  # done, unless the driver holds its record's lock
+            exiting = threading.Thread(target=self.driver._forget_worker, args=(key,))
+            exiting.start()
+            self.exiting = exiting  # started: the test's thread may join it from here (a CI run joined it before)
+            exiting.join(timeout=0.5)  # done, unless the driver holds its record's lock
         return value
 
 
