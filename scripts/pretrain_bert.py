@@ -18,10 +18,24 @@ ranks; --elastic --global-batch N: N at every world size, split among the ranks)
 changing the schedule, exactly like SIGTERM/SIGUSR1 do. Relaunching with the
 same --output-dir resumes at the same step and sample.
 """
+from contextlib import nullcontext
 from pathlib import Path
 
+import torch
+import horovod.torch as hvd
+
 from hvdtrain import cli, options
+from hvdtrain.data import bert_data, bert_elastic
+from hvdtrain.durations import SectionTimer
 from hvdtrain.errors import UsageError
+from hvdtrain.models import bert as bert_models  # transformers: loaded only where a model is built
+from hvdtrain.runtime import collectives, consistency, dist, elastic, nonfinite, precision, rng
+from hvdtrain.runtime.checkpoint import Checkpointer
+from hvdtrain.runtime.metrics import SumMeter, Throughput, rate_text
+from hvdtrain.runtime.run import Run, finished_before_start
+from hvdtrain.training import balance, bert
+from hvdtrain.training.batching import Batching
+from hvdtrain.training.bert import BertSettings
 
 
 def parse_args(argv=None):
@@ -83,28 +97,6 @@ def parse_args(argv=None):
         raise UsageError("--balance needs the ranks' timings (--straggler-interval > 0) and a fixed world and "
                          "global batch: not with --elastic or --global-batch")
     return args
-
-if __name__ == "__main__":
-    # --help and a bad argument answer here, before torch and Horovod load: a tenth of a
-    # second instead of two, on every rank. main() parses again (the same result).
-    cli.run_main(parse_args)
-
-# The training's imports, after the early parse above (transformers: only where a model is built).
-from contextlib import nullcontext
-
-import torch
-import horovod.torch as hvd
-
-from hvdtrain.data import bert_data, bert_elastic
-from hvdtrain.durations import SectionTimer
-from hvdtrain.models import bert as bert_models
-from hvdtrain.runtime import collectives, consistency, dist, elastic, nonfinite, precision, rng, signals
-from hvdtrain.runtime.checkpoint import Checkpointer
-from hvdtrain.runtime.metrics import SumMeter, Throughput, rate_text
-from hvdtrain.runtime.run import Run, finished_before_start
-from hvdtrain.training import balance, bert
-from hvdtrain.training.batching import Batching
-from hvdtrain.training.bert import BertSettings
 
 
 def load_setup(args, ctx):
@@ -171,15 +163,11 @@ def resolved_settings(args, ctx, metadata, config, amp_dtype):
 def main(argv=None):
     args = parse_args(argv)
     elastic.check_launcher(args.elastic)
-    dist.exit_quietly_on_interrupt()
-    stop_request = signals.StopRequest()
-    profile = dist.configure_horovod(args)  # the variables hvd.init() reads: diagnostics, a tuned profile
+    startup = dist.before_init(args)  # quiet Ctrl-C, SIGTERM/SIGUSR1 a stop request, the variables hvd.init() reads
     # Horovod: initialize Horovod
     hvd.init()
     # Horovod: this rank's GPU (one per process), its share of the node's cores, its watchdog and heartbeat
-    ctx = dist.setup(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
-    if profile:
-        ctx.print0(profile)
+    ctx = dist.after_init(startup)
     # Horovod: a check that fails on one rank stops every rank with the same one line (--elastic: each
     # rank checks alone, since a worker joining a running job may make no collective before its sync)
     agree = collectives.agreement(alone=args.elastic)
@@ -215,12 +203,11 @@ def main(argv=None):
     # Horovod: one small allreduce per step: its masked tokens and sequences over every rank
     counts = bert.step_counts(lambda local: collectives.sum_over_ranks(local, name="bert.step_counts"))
     state = bert.BertState()
-    timer = SectionTimer()  # this rank's time in data, compute, comm and optimizer: the straggler report's
-    trainer = bert.Trainer(model, objective, optimizer, bert.build_schedule(settings, optimizer),
-                           torch.amp.GradScaler(ctx.device.type, enabled=use_scaler), ctx.device, amp_dtype,
-                           settings.accumulation_steps, settings.max_grad_norm,
-                           guard=nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state, say=ctx.print0),
-                           timer=timer, global_counts=counts if summed else None)
+    trainer = bert.Trainer.of(
+        settings, model, objective, optimizer, bert.build_schedule(settings, optimizer), ctx.device, amp_dtype, use_scaler,
+        guard=nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state, say=ctx.print0),
+        timer=SectionTimer(),  # this rank's time in data, compute, comm and optimizer: the straggler report's
+        global_counts=counts if summed else None)
     rng.seed_everything(settings.seed + 1 + ctx.rank)  # own dropout masks per rank (a resume restores them)
     if init is not None:  # phase 2: the weights only; a resume below replaces them
         agree(load_init_weights, args, model, init)
@@ -238,15 +225,17 @@ def main(argv=None):
     # Horovod: the run's elastic state, an hvd.elastic.State over the checkpoint's components: under
     # --elastic committed in memory, restored after a lost worker and synced from rank 0 in a new world
     commits = elastic.Commits(checkpointer, ctx, settings.elastic_commit_every, enabled=settings.elastic)
-    run = Run(ctx, settings, state, checkpointer, commits, timer, stop_request, shares)
+    run = Run(ctx, settings, state, checkpointer, commits, trainer.timer, shares)
     # Horovod: under --elastic, hvd.elastic.run calls train() again after every reset
     train_in_world = hvd.elastic.run(train) if settings.elastic else train
-    train_in_world(commits, run, settings, ctx, state, trainer, meter, (metadata, config, init), position, shares)
+    train_in_world(commits, run, trainer, meter, bert.Inputs(metadata, config, init, position))
 
 
-def train(commits, run, settings, ctx, state, trainer, meter, setup, position, shares):
-    """The steps left, in this world. ``commits``: hvd.elastic.run's state (run.save commits it)."""
-    metadata, config, init = setup
+def train(commits, run, trainer, meter, inputs):
+    """The steps left, in this world. ``commits``: hvd.elastic.run's state (run.save commits it);
+    ``run``: the settings, this rank's context, the train state and the run's life (runtime/run.py)."""
+    settings, ctx, state = run.settings, run.ctx, run.state
+    metadata, config, init, position = inputs
     begun = run.begin()  # this world; once per job the newest checkpoint restored: "fresh", "resumed" or "reset"
     if begun == "fresh":
         # Horovod: every rank starts from rank 0's initial weights (the optimizer's state is still empty)
@@ -259,7 +248,7 @@ def train(commits, run, settings, ctx, state, trainer, meter, setup, position, s
         return
     run.retarget(settings.steps)
     batching = Batching.of(settings, ctx.size)  # at this world size: the global batch
-    data = bert.training_data(settings, metadata, ctx, position, shares)  # this rank's batches in this world
+    data = bert.training_data(settings, metadata, ctx, position, run.shares)  # this rank's batches in this world
     if settings.elastic and data.resumed_mid_epoch(state.epoch):
         ctx.print0(f"elastic: {data.resumed_mid_epoch(state.epoch)} at {ctx.size} rank(s)")
     run.log.info(f"BERT {config.num_hidden_layers} layers x {config.hidden_size}, vocab {config.vocab_size}, "

@@ -11,8 +11,22 @@ so N workers with batch b train like one worker with batch N*b. Checkpoints hold
 everything needed to continue at the exact next batch (see --resume).
 """
 import argparse
+import time
 
-from hvdtrain import cli, options
+import torch
+import horovod.torch as hvd
+
+from hvdtrain import cli, options, usercode
+from hvdtrain.data import custom, images
+from hvdtrain.durations import SectionTimer
+from hvdtrain.errors import UsageError
+from hvdtrain.runtime import collectives, consistency, dist, elastic, nonfinite, precision, rng
+from hvdtrain.runtime.checkpoint import Checkpointer
+from hvdtrain.runtime.metrics import EpochSums, SumMeter, Throughput, rate_text
+from hvdtrain.runtime.run import Run
+from hvdtrain.training import balance, batchnorm, cnn, epochs
+from hvdtrain.training.cnn import CnnSettings
+from hvdtrain.training.epochs import EpochPlan
 
 
 def parse_args(argv=None):
@@ -25,6 +39,9 @@ def parse_args(argv=None):
                            "synthetic; or your own: MODULE:CALLABLE (or path/to/file.py:CALLABLE) whose "
                            "CALLABLE(data_dir) returns (train set, val set, number of classes), see docs/adapting.md")
     data.add_argument("--data", help="data directory (cifar10, imagefolder)")
+    data.add_argument("--dataset-arg", type=cli.key_value, action="append", default=[], metavar="KEY=VALUE",
+                      help="a keyword argument for your own --dataset's CALLABLE (repeat; VALUE a Python literal "
+                           "or text); recorded in the checkpoint's settings")
     data.add_argument("--image-size", type=cli.positive_int,
                       help="input resolution (default: digits 16, cifar10/synthetic 32, imagefolder 224)")
     data.add_argument("--workers", type=cli.non_negative_int,
@@ -37,6 +54,9 @@ def parse_args(argv=None):
                        help="resnet20/56: CIFAR-style; resnet18/50: ImageNet-style; convnet: no BatchNorm; or "
                             "your own: MODULE:CALLABLE (or path/to/file.py:CALLABLE) whose CALLABLE(num_classes, "
                             "in_channels) returns a torch.nn.Module, see docs/adapting.md")
+    model.add_argument("--model-arg", type=cli.key_value, action="append", default=[], metavar="KEY=VALUE",
+                       help="a keyword argument for your own --model's CALLABLE (repeat; VALUE a Python literal "
+                            "or text, e.g. --model-arg width=64); recorded in the checkpoint's settings")
     model.add_argument("--sync-bn", action="store_true",
                        help="Horovod SyncBatchNorm: statistics over the global batch (CUDA only); without it "
                             "the ranks' BatchNorm statistics are averaged before evaluation and checkpoints")
@@ -70,37 +90,17 @@ def parse_args(argv=None):
                               "LR and the optimisation do not change when the run resumes on another number of "
                               "workers or an --elastic job resizes; default: --batch-size x workers, the LR "
                               "scaled with them")
-    return parser.parse_args(argv)
-
-if __name__ == "__main__":
-    # --help and a bad argument answer here, before torch and Horovod load: a tenth of a
-    # second instead of two, on every rank. main() parses again (the same result).
-    cli.run_main(parse_args)
-
-# The training's imports, after the early parse above.
-import time
-
-import torch
-import horovod.torch as hvd
-
-from hvdtrain import usercode
-from hvdtrain.data import custom, images
-from hvdtrain.durations import SectionTimer
-from hvdtrain.errors import UsageError
-from hvdtrain.runtime import collectives, consistency, dist, elastic, nonfinite, precision, rng, signals
-from hvdtrain.runtime.checkpoint import Checkpointer
-from hvdtrain.runtime.metrics import EpochSums, SumMeter, Throughput, rate_text
-from hvdtrain.runtime.run import Run
-from hvdtrain.training import balance, batchnorm, cnn, epochs
-from hvdtrain.training.cnn import CnnSettings
-from hvdtrain.training.epochs import EpochPlan
+    args = parser.parse_args(argv)
+    args.model_arg = cli.keyword_arguments(parser, "--model-arg", args.model_arg, args.model)
+    args.dataset_arg = cli.keyword_arguments(parser, "--dataset-arg", args.dataset_arg, args.dataset)
+    return args
 
 
 def load_data(args, ctx, workers):
     """(train set, val set, classes, channels); run under collectives.agree_on_errors."""
     with ctx.watchdog.phase("scanning and verifying the images"):
         if usercode.is_spec(args.dataset):  # your own: its random draws keyed per sample (data/custom.py)
-            data = custom.load(args.dataset, args.data, args.seed)
+            data = custom.load(args.dataset, args.data, args.seed, args.dataset_arg)
             if workers:  # a data set that cannot reach them: one line now, not a dead worker later
                 custom.check_workers_receive(data[0], args.dataset, workers)
         else:
@@ -124,15 +124,11 @@ def load_data(args, ctx, workers):
 
 def main():
     args = parse_args()
-    dist.exit_quietly_on_interrupt()
-    stop_request = signals.StopRequest()
-    profile = dist.configure_horovod(args)  # the variables hvd.init() reads: diagnostics, a tuned profile
+    startup = dist.before_init(args)  # quiet Ctrl-C, SIGTERM/SIGUSR1 a stop request, the variables hvd.init() reads
     # Horovod: initialize Horovod
     hvd.init()
     # Horovod: this rank's GPU (one per process), its share of the node's cores, its watchdog and heartbeat
-    ctx = dist.setup(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
-    if profile:
-        ctx.print0(profile)
+    ctx = dist.after_init(startup)
     # Horovod: a check that fails on one rank stops every rank with the same one line (--elastic: each
     # rank checks alone, since a worker joining a running job may make no collective before its sync)
     agree = collectives.agreement(alone=args.elastic)
@@ -163,12 +159,11 @@ def main():
     dist.fixed_gradient_buckets(optimizer)  # Horovod: fused the same way every step, bit-for-bit results
     scheduler = cnn.build_schedule(settings, optimizer, epochs.schedule_length(settings, batching, len(train_set)))
     state = cnn.CnnState()
-    timer = SectionTimer()  # this rank's time in data, compute, comm and optimizer: the straggler report's
-    trainer = cnn.Trainer(model, optimizer, scheduler, precision.scaler(settings.precision, ctx.device),
-                          torch.nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing), ctx.device,
-                          settings.precision, settings.channels_last, settings.accumulation_steps, settings.use_adasum,
-                          guard=nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state, say=ctx.print0),
-                          timer=timer, sum_over=batching.global_batch if summed else None)
+    trainer = cnn.Trainer.of(
+        settings, model, optimizer, scheduler, torch.nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing),
+        ctx.device, guard=nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state, say=ctx.print0),
+        timer=SectionTimer(),  # this rank's time in data, compute, comm and optimizer: the straggler report's
+        sum_over=batching.global_batch if summed else None)
 
     # The epoch's training sums over every rank (--elastic, --global-batch: folded in at every save).
     sums = EpochSums(SumMeter("train_loss", "train_top1"), folded=settings.global_position)
@@ -184,14 +179,16 @@ def main():
     # Horovod: the run's elastic state, an hvd.elastic.State over the checkpoint's components: under
     # --elastic committed in memory, restored after a lost worker and synced from rank 0 in a new world
     commits = elastic.Commits(checkpointer, ctx, settings.elastic_commit_every, enabled=settings.elastic)
-    run = Run(ctx, settings, state, checkpointer, commits, timer, stop_request, shares)
+    run = Run(ctx, settings, state, checkpointer, commits, trainer.timer, shares)
     # Horovod: under --elastic, hvd.elastic.run calls train() again after every reset
     train_in_world = hvd.elastic.run(train) if settings.elastic else train
-    train_in_world(commits, run, settings, ctx, state, trainer, (train_set, val_set), sums, shares)
+    train_in_world(commits, run, trainer, sums, (train_set, val_set))
 
 
-def train(commits, run, settings, ctx, state, trainer, datasets, sums, shares):
-    """The epochs left, in this world. ``commits``: hvd.elastic.run's state (run.save commits it)."""
+def train(commits, run, trainer, sums, datasets):
+    """The epochs left, in this world. ``commits``: hvd.elastic.run's state (run.save commits it);
+    ``run``: the settings, this rank's context, the train state and the run's life (runtime/run.py)."""
+    settings, ctx, state = run.settings, run.ctx, run.state
     if run.begin() == "fresh":  # this world; once per job the newest checkpoint restored, if there is one
         # Horovod: every rank starts from rank 0's initial weights (the optimizer's state is still empty)
         collectives.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
@@ -199,9 +196,10 @@ def train(commits, run, settings, ctx, state, trainer, datasets, sums, shares):
         return
     batching = cnn.batching(settings, ctx)  # at this world size: the global batch, the LR
     train_set, val_set = datasets
-    plan = EpochPlan(settings, batching, ctx.rank, state, train_set, val_set, shares, ctx.device.type == "cuda")
+    plan = EpochPlan(settings, batching, ctx.rank, state, train_set, val_set, run.shares, ctx.device.type == "cuda")
     run.retarget(plan.total_steps)
-    run.log.info(f"{settings.model} on {settings.dataset}: {len(train_set)} train / {len(val_set)} val images, "
+    run.log.info(f"{cnn.with_arguments(settings.model, settings.model_arg)} on "
+                 f"{cnn.with_arguments(settings.dataset, settings.dataset_arg)}: {len(train_set)} train / {len(val_set)} val images, "
                  f"{settings.num_classes} classes; {ctx.size} worker{'s' if ctx.size > 1 else ''} x batch "
                  f"{batching.rank_batch} = global batch {batching.global_batch}; lr {batching.lr:g}; "
                  f"{plan.steps_per_epoch} steps/epoch; device {ctx.device.type}, "

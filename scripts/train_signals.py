@@ -20,7 +20,7 @@ from hvdtrain import cli, options
 from hvdtrain.data.images import sample_generator
 from hvdtrain.durations import SectionTimer
 from hvdtrain.errors import UsageError
-from hvdtrain.runtime import collectives, dist, elastic, nonfinite, precision, rng, signals
+from hvdtrain.runtime import collectives, dist, elastic, nonfinite, precision, rng
 from hvdtrain.runtime.checkpoint import Checkpointer
 from hvdtrain.runtime.metrics import EpochSums, SumMeter
 from hvdtrain.runtime.run import Run, TrainState
@@ -68,6 +68,18 @@ class SignalState(TrainState):  # where training stands: the epoch's samples tra
         self.epoch_samples = 0
 
 
+@dataclass
+class Parts:  # what train() trains with, built once by main()
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer  # Horovod's DistributedOptimizer
+    scheduler: object
+    scaler: object  # precision.scaler: fp16's GradScaler, else a no-op
+    guard: nonfinite.NonFiniteGuard  # a NaN/Inf loss skips the step on every rank (or stops)
+    sums: EpochSums  # the epoch's training MSE over every rank
+    train_set: torch.utils.data.Dataset
+    val_set: torch.utils.data.Dataset
+
+
 class Signals(torch.utils.data.Dataset):  # the task's data: sample i's noise keyed by (seed, epoch, i)
     """Sines of 1 to 8 cycles per signal, random phase, and the frequency to learn (standardised)."""
 
@@ -108,13 +120,11 @@ def check_args(args, ctx):
 
 def main():
     args = parse_args()
-    dist.exit_quietly_on_interrupt()
-    stop_request = signals.StopRequest()
-    dist.configure_horovod(args)
+    startup = dist.before_init(args)  # quiet Ctrl-C, SIGTERM/SIGUSR1 a stop request, the variables hvd.init() reads
     # Horovod: initialize Horovod
     hvd.init()
     # Horovod: this rank's GPU (one per process; --cpu: none), its share of the node's cores, its watchdog
-    ctx = dist.setup(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
+    ctx = dist.after_init(startup)
     # Horovod: a bad argument stops every rank with the same one line
     resolved = collectives.agreement(alone=args.elastic)(check_args, args, ctx)
     settings = SignalSettings.build(args, **resolved, world_size="elastic" if args.elastic else ctx.size,
@@ -143,50 +153,49 @@ def main():
                                 per_rank={"rng": rng.RngState(settings.seed), "meter": sums.meter})
     # Horovod: the run's elastic state (committed, restored and synced under --elastic)
     commits = elastic.Commits(checkpointer, ctx, settings.elastic_commit_every, enabled=settings.elastic)
-    timer = SectionTimer()
-    run = Run(ctx, settings, state, checkpointer, commits, timer, stop_request)
+    run = Run(ctx, settings, state, checkpointer, commits, SectionTimer())
     guard = nonfinite.NonFiniteGuard.from_settings(settings, ctx.rank, state, say=ctx.print0)
     # Horovod: under --elastic, hvd.elastic.run calls train() again after every reset
     train_in_world = hvd.elastic.run(train) if settings.elastic else train
-    train_in_world(commits, run, settings, ctx, state, (model, optimizer, scheduler, scaler, guard, timer),
-                   (train_set, val_set), sums)
+    train_in_world(commits, run, Parts(model, optimizer, scheduler, scaler, guard, sums, train_set, val_set))
 
 
-def train(commits, run, settings, ctx, state, parts, datasets, sums):
-    """The epochs left, in this world (hvd.elastic.run calls it again after every reset)."""
-    model, optimizer, scheduler, scaler, guard, timer = parts
+def train(commits, run, parts):
+    """The epochs left, in this world (hvd.elastic.run calls it again after every reset). ``run``: the
+    settings, this rank's context, the train state and the run's life (runtime/run.py)."""
+    settings, ctx, state, timer = run.settings, run.ctx, run.state, run.timer
     if run.begin() == "fresh":
         # Horovod: every rank starts from rank 0's initial weights
-        collectives.broadcast_parameters(model.state_dict(), root_rank=0)
+        collectives.broadcast_parameters(parts.model.state_dict(), root_rank=0)
     if run.nothing_to_train(finished=state.epoch >= settings.epochs):
         return
     batching = Batching.of(settings, ctx.size, lr_scale=lambda global_batch: global_batch / settings.batch_size)
-    plan = EpochPlan(settings, batching, ctx.rank, state, *datasets)  # the sample position at this size
+    plan = EpochPlan(settings, batching, ctx.rank, state, parts.train_set, parts.val_set)  # the sample position at this size
     run.retarget(plan.total_steps)
     reason = None
     while state.epoch < settings.epochs:
         plan.start_epoch()
         for signals_batch, frequencies in timer.timed(plan.train_loader, "data"):
-            plan.set_learning_rate(scheduler)
+            plan.set_learning_rate(parts.scheduler)
             with timer.section("compute"):
                 signals_batch, frequencies = signals_batch.to(ctx.device), frequencies.to(ctx.device)
                 with autocast(settings.precision, ctx.device):
-                    predicted = model(signals_batch)
-                loss = guard.watch(torch.nn.functional.mse_loss(predicted.float(), frequencies))
-                scaler.scale(loss).backward()  # Horovod: the gradients' allreduce starts here
+                    predicted = parts.model(signals_batch)
+                loss = parts.guard.watch(torch.nn.functional.mse_loss(predicted.float(), frequencies))
+                parts.scaler.scale(loss).backward()  # Horovod: the gradients' allreduce starts here
             # Horovod: wait for the averaged gradients, the ranks' NaN/Inf vote (an allreduce), step
-            if optim.finish_step(optimizer, scaler, guard=guard, timer=timer):
-                sums.meter.add("train_mse", loss.detach() * len(frequencies), len(frequencies))
-            scheduler.step()
+            if optim.finish_step(parts.optimizer, parts.scaler, guard=parts.guard, timer=timer):
+                parts.sums.meter.add("train_mse", loss.detach() * len(frequencies), len(frequencies))
+            parts.scheduler.step()
             plan.advance()
             reason = run.step_done()  # Horovod: the stop vote every --stop-check-every steps
             if reason or plan.epoch_done:
                 break
             run.save()  # Horovod: a checkpoint's collectives and --elastic's commit, when due
         if plan.epoch_done:
-            row = {"epoch": state.epoch + 1, "step": state.step, **sums.epoch_metrics(ctx.size),  # Horovod: allreduce
-                   **validate(model, plan.val_loader, settings.precision, ctx.device)}  # Horovod: allreduce
-            sums.next_epoch()
+            row = {"epoch": state.epoch + 1, "step": state.step, **parts.sums.epoch_metrics(ctx.size),  # Horovod: allreduce
+                   **validate(parts.model, plan.val_loader, settings.precision, ctx.device)}  # Horovod: allreduce
+            parts.sums.next_epoch()
             state.next_epoch()
             state.last_row = row
             run.log.record(row, state.step)

@@ -75,6 +75,26 @@ def test_channels_last_leaves_inputs_that_are_not_images_as_they_are(tmp_path):
     assert json.loads((tmp_path / "out" / "results.json").read_text())["completed"], ran.describe()
 
 
+def test_their_callables_take_keyword_arguments_recorded_in_the_checkpoint(tmp_path):
+    """--model-arg and --dataset-arg reach the user's callables as keyword arguments (Python literals):
+    said in the run's first line, recorded in the checkpoint's settings, a change refused on resume;
+    with a preset, one line."""
+    task = write_task(tmp_path)
+    out = tmp_path / "out"
+    common = [CNN, *task, "--epochs", "1", "--batch-size", "8", "--output-dir", out]
+    ran = ok(python([*common, "--model-arg", "hidden=12", "--dataset-arg", "count=48", "--stop-after", "2"],
+                    timeout=120))
+    assert "their_task.py:build(hidden=12) on" in ran.output, ran.describe()
+    assert "their_task.py:data(count=48): 48 train" in ran.output, ran.describe()
+    saved = checkpoint_at(out, 2)
+    assert saved["settings"]["model_arg"] == {"hidden": 12} and saved["settings"]["dataset_arg"] == {"count": 48}
+    assert tuple(saved["model"]["1.weight"].shape) == (12, 72), saved["model"]["1.weight"].shape
+    one_error_line(python([*common, "--model-arg", "hidden=16", "--dataset-arg", "count=48"], timeout=120),
+                   "model_arg {'hidden': 12} -> {'hidden': 16}")
+    one_error_line(python([CNN, "--model-arg", "hidden=12", "--output-dir", tmp_path / "preset"], timeout=60),
+                   "--model-arg is for your own callable (MODULE:CALLABLE), not the preset resnet20")
+
+
 YOUR_LOOP = REPO / "examples" / "your_loop" / "with_horovod.py"
 
 
@@ -113,13 +133,14 @@ def test_their_code_that_does_not_fit_is_one_line(tmp_path, option, value, namin
 
 
 def test_a_data_set_its_workers_cannot_receive_is_one_line_before_the_first_step(tmp_path):
-    """A torch.Generator held by the data set: DataLoader's forkserver workers died at the first batch
-    ("unable to resize file" in the worker, "DataLoader worker exited unexpectedly" in the rank)."""
+    """A torch.Generator held by the data set, here inside its augmentation: DataLoader's forkserver
+    workers died at the first batch ("unable to resize file" in the worker, "DataLoader worker exited
+    unexpectedly" in the rank)."""
     task = write_task(tmp_path)[1].rpartition(":")[0]
     one_error_line(python([CNN, "--model", f"{task}:build", "--dataset", f"{task}:torch_generator", "--workers", "1",
                            "--output-dir", tmp_path / "out"], timeout=120),
-                   "its OwnTorchGenerator.noise is a torch.Generator, which a DataLoader worker process cannot "
-                   "receive, and --workers 1 sends the data set to worker processes")
+                   "its OwnTorchGenerator.jitter (Jitter) holds a torch.Generator, which a DataLoader worker "
+                   "process cannot receive, and --workers 1 sends the data set to worker processes")
 
 
 def test_every_rank_stops_with_the_one_line(tmp_path):

@@ -4,6 +4,7 @@ Each patch opens with what it changes, why, its default, its upstream reference 
 that hold it; the build's version says which series made it (0.28.1+hvdtrain.HASH), so that
 pip list, horovod.__version__ and a bug report tell it from a stock Horovod. docs/horovod.md.
 """
+import json
 import re
 import subprocess
 import sys
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from support.launch import REPO
+from support.needs import require_module, require_program
+from support.launch import REPO, horovodrun, test_env as launch_env
 
 SERIES = REPO / "scripts" / "setup" / "horovod"
 
@@ -49,6 +51,46 @@ def test_every_patch_says_why_and_names_tests_that_exist():
             assert re.search(rf"^def {test}\(", (REPO / path).read_text(), re.M), f"{patch.name} names {path}::{test}"
             named += 1
     assert named >= 20, named
+
+
+@pytest.fixture(scope="module")
+def plain_script():
+    """tests/workers/plain_horovod.py, one rank: under horovodrun --mpi with the build's defaults
+    and with each default's way back (the variables docs/horovod.md names), and under --gloo. The
+    suite's own OMPI_MCA_mpi_yield_when_idle (support/launch.py) is left out, so that the build's shows."""
+    require_module("horovod.torch")
+    require_program("mpirun", "install Open MPI or run `make setup` as root")
+    said = {}
+    ways_back = {"OMPI_MCA_mpi_yield_when_idle": "0", "HOROVOD_KEEP_FREED_MEMORY": "0"}
+    for kind, transport, extra in (("defaults", "mpi", {}), ("ways back", "mpi", ways_back), ("gloo", "gloo", {})):
+        env = launch_env(extra)
+        if not extra:
+            env.pop("OMPI_MCA_mpi_yield_when_idle")
+        ran = horovodrun(1, [REPO / "tests" / "workers" / "plain_horovod.py"], timeout=60, transport=transport, env=env)
+        assert ran.returncode == 0, ran.describe()
+        said[kind] = json.loads(re.search(r"^(?:\[[\d,]+\]<stdout>:)?(\{.*\})$", ran.output, re.M).group(1))
+    return said
+
+
+def test_a_plain_script_under_open_mpi_yields_while_it_waits(plain_script):
+    """Patch 0024: Open MPI spun while a rank waited (70-83 ms of CPU a ResNet-20 step, 0.64-0.68 x DDP)."""
+    assert plain_script["defaults"]["yields"] is True, plain_script
+    assert plain_script["ways back"]["yields"] is False, plain_script
+
+
+def test_a_plain_script_keeps_the_host_memory_a_step_freed(plain_script):
+    """Patch 0025: glibc gave a step's freed memory back and the next step faulted it in again."""
+    assert plain_script["defaults"]["kept_mb"] >= 150, plain_script  # of 160 MB freed
+    assert plain_script["ways back"]["kept_mb"] <= 80, plain_script  # glibc's trim threshold: at most 64 MB
+
+
+def test_a_plain_script_under_gloo_on_a_cpu_node_negotiates_every_10_ms(plain_script):
+    """Patch 0026: at Horovod's 1 ms cycle a CPU backward pass paid for tens of negotiations a step."""
+    if any(Path(device).exists() for device in ("/dev/nvidiactl", "/dev/kfd")):
+        assert plain_script["gloo"]["cycle_ms"] is None, plain_script  # a GPU node keeps the stock cycle
+    else:
+        assert plain_script["gloo"]["cycle_ms"] == "10", plain_script
+    assert plain_script["defaults"]["cycle_ms"] is None, plain_script  # MPI: the stock cycle
 
 
 @pytest.mark.scale

@@ -4,10 +4,12 @@ Every rank parses the same arguments, so a bad flag makes every rank exit 2 on
 its own; only the first rank prints, so a 64-rank job shows one line, not 64.
 """
 import argparse
+import ast
 import shlex
 import sys
 
 from hvdtrain.errors import UsageError, fail
+from hvdtrain.usercode import is_spec
 from hvdtrain.liveness.failures import report
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -42,6 +44,31 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         fail(message, self.prog)
+
+
+def key_value(text):
+    """KEY=VALUE for a user's callable: (KEY, VALUE), VALUE read as a Python literal (4, 0.5, True,
+    'text', [1, 2]) where it is one, else kept as the text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, KEY a Python name, not {text!r}")
+    try:
+        value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        pass
+    return key, value
+
+
+def keyword_arguments(parser, option, pairs, spec):
+    """``pairs`` (``key_value``'s, of ``option``) as a dict for ``spec``'s callable; parser.error (one
+    line, exit 2) for a key given twice or a ``spec`` that is a preset, not your own callable."""
+    keys = [key for key, _ in pairs]
+    if pairs and not is_spec(spec):
+        parser.error(f"{option} is for your own callable (MODULE:CALLABLE), not the preset {spec}")
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        parser.error(f"{option} {twice[0]} given twice")
+    return dict(pairs)
 
 
 def positive_int(text):

@@ -44,10 +44,10 @@ def load_callable(spec, option):
     return found
 
 
-def call(spec, option, function, *args):
-    """``function(*args)``, its failure one line naming the option."""
+def call(spec, option, function, *args, **kwargs):
+    """``function(*args, **kwargs)``, its failure one line naming the option."""
     try:
-        return function(*args)
+        return function(*args, **kwargs)
     except UsageError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's code: whatever it raises, one line

@@ -23,8 +23,8 @@ import torch.nn as nn
 from torch.utils.data import Dataset
 
 
-def build(num_classes, in_channels):
-    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * 6 * 6, 24), nn.Tanh(), nn.Linear(24, num_classes))
+def build(num_classes, in_channels, hidden=24):
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * 6 * 6, hidden), nn.Tanh(), nn.Linear(hidden, num_classes))
 
 
 class Points(Dataset):
@@ -45,8 +45,8 @@ class Points(Dataset):
         return x, int(self.labels[index])
 
 
-def data(data_dir):
-    return Points(96, 1, augment=True), Points(32, 2, augment=False), 3
+def data(data_dir, count=96):
+    return Points(count, 1, augment=True), Points(32, 2, augment=False), 3
 
 
 def vit(num_classes, in_channels):
@@ -86,16 +86,26 @@ def conv1d(num_classes, in_channels):
     return nn.Sequential(nn.Conv1d(in_channels, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, num_classes))
 
 
+class Jitter:
+    """An augmentation that draws from a torch.Generator it holds."""
+
+    def __init__(self, seed):
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, x):
+        return x + 0.01 * torch.randn(x.shape, generator=self.generator)
+
+
 class OwnTorchGenerator(Points):
-    """Draws from a torch.Generator it holds: DataLoader workers cannot receive it."""
+    """Holds a torch.Generator inside an attribute (its augmentation): DataLoader workers cannot receive it."""
 
     def __init__(self, count, seed, augment):
         super().__init__(count, seed, augment)
-        self.noise = torch.Generator().manual_seed(seed)
+        self.jitter = Jitter(seed)
 
     def __getitem__(self, index):
         x, label = super().__getitem__(index)
-        return x + 0.01 * torch.randn(x.shape, generator=self.noise), label
+        return self.jitter(x), label
 
 
 def torch_generator(data_dir):

@@ -20,6 +20,7 @@ not hold when the two differ.
 """
 import contextlib
 import hashlib
+import io
 import pickle
 import random
 from collections.abc import Mapping
@@ -88,11 +89,11 @@ class KeyedSamples(Dataset):
             return as_pair(self.samples[index])
 
 
-def load(spec, data_dir, seed):
-    """(train set, val set, number of classes, channels) from the user's ``spec``; UsageError, one line,
-    for anything that does not fit."""
+def load(spec, data_dir, seed, options=None):
+    """(train set, val set, number of classes, channels) from the user's ``spec``, called with
+    ``options`` (--dataset-arg) as keyword arguments; UsageError, one line, for anything that does not fit."""
     build = usercode.load_callable(spec, "--dataset")
-    made = usercode.call(spec, "--dataset", build, data_dir)
+    made = usercode.call(spec, "--dataset", build, data_dir, **(options or {}))
     if not (isinstance(made, (tuple, list)) and len(made) == 3):
         raise UsageError(f"--dataset {spec}: {build.__name__}(data_dir) must return (train set, val set, "
                          f"number of classes), not {type(made).__name__}")
@@ -110,19 +111,34 @@ def load(spec, data_dir, seed):
     return train, val, classes, first[0].shape[0] if first[0].dim() else 1
 
 
+class _HoldsGenerator(Exception):
+    pass
+
+
+class _WorkerPickler(pickle.Pickler):
+    """Pickles as the DataLoader sends a data set to its workers, refusing a torch.Generator at any depth."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Generator):
+            raise _HoldsGenerator()
+        return NotImplemented
+
+
 def check_workers_receive(dataset, spec, workers):
     """UsageError (one line) when DataLoader worker processes cannot receive ``dataset`` (a KeyedSamples):
-    an attribute of the user's set that does not pickle (an open file, a lock), or a torch.Generator
-    (it pickles, but a forkserver worker dies unpickling it, naming neither the set nor the cause)."""
+    an attribute of the user's set that does not pickle (an open file, a lock), or that is or holds, at
+    any depth, a torch.Generator (it pickles, but a forkserver worker dies unpickling it, naming neither
+    the set nor the cause)."""
     for name, value in vars(dataset.samples).items():
-        if isinstance(value, torch.Generator):
-            why = "is a torch.Generator, which a DataLoader worker process cannot receive"
-        else:
-            try:
-                pickle.dumps(value)
-                continue
-            except Exception as error:  # noqa: BLE001 - whatever pickling the user's object raises
-                why = f"({type(value).__name__}) does not pickle ({usercode.first_line(error)})"
+        try:
+            _WorkerPickler(io.BytesIO()).dump(value)
+            continue
+        except _HoldsGenerator:
+            why = ("is a torch.Generator" if isinstance(value, torch.Generator)
+                   else f"({type(value).__name__}) holds a torch.Generator")
+            why += ", which a DataLoader worker process cannot receive"
+        except Exception as error:  # noqa: BLE001 - whatever pickling the user's object raises
+            why = f"({type(value).__name__}) does not pickle ({usercode.first_line(error)})"
         raise UsageError(f"--dataset {spec}: its {type(dataset.samples).__name__}.{name} {why}, and --workers "
                          f"{workers} sends the data set to worker processes: create it in __getitem__ (a "
                          f"generator seeded per sample, a file opened on first use), or use --workers 0")

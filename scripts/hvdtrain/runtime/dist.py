@@ -1,12 +1,13 @@
 """Distributed setup shared by every script: Horovod's variables, then this rank's device and watchdog.
 
-    profile = dist.configure_horovod(args)   # before hvd.init(): the variables it reads
-    hvd.init()                               # Horovod: start, in the script
-    ctx = dist.setup(use_cuda=True)          # this rank's device, threads, watchdog and heartbeat
+    startup = dist.before_init(args)   # a trainer's: quiet Ctrl-C, a stop request, the variables hvd.init() reads
+    hvd.init()                         # Horovod: start, in the script
+    ctx = dist.after_init(startup)     # this rank's device, threads, watchdog and heartbeat
     ctx.print0("only rank 0 prints this")
 
-``dist.init()`` is the three in one call, for programs with nothing to do in between
-(your own script, the benchmark's Horovod backend, the test workers).
+Under them, ``configure_horovod(args)`` (the variables) and ``setup(...)`` (the context).
+``dist.init()`` is configure, hvd.init() and setup in one call, for programs with nothing to
+do in between (your own script, the benchmark's Horovod backend, the test workers).
 
 Two of Horovod's settings suit only gradients sent in fixed buckets
 (``fixed_gradient_buckets``): the Gloo controller's long cycle on a CPU and each
@@ -26,7 +27,7 @@ import horovod.torch as hvd
 from hvdtrain import testhooks
 from hvdtrain.errors import UsageError
 from hvdtrain.liveness import failures, peers, recorder as flight, watchdog as watchdog_module
-from hvdtrain.runtime import collectives, horovod_profile, host_memory
+from hvdtrain.runtime import collectives, horovod_profile, host_memory, signals
 
 # HOROVOD_CYCLE_TIME (ms) under the Gloo controller (horovodrun --gloo, --elastic) unless
 # set. Gloo negotiates over TCP, about 1 ms of a rank's CPU a cycle; with the setup's
@@ -47,6 +48,7 @@ class Context:
     local_size: int
     device: torch.device
     watchdog: watchdog_module.Watchdog = field(repr=False)
+    stop_request: signals.StopRequest = field(default=None, repr=False)  # SIGTERM/SIGUSR1 seen (after_init)
     gathered_placement: list = field(default=None, repr=False)  # see placement()
 
     @property
@@ -78,6 +80,35 @@ def _this_rank(ctx):
     gpu = _gpu_id(ctx.device.index) if ctx.device.type == "cuda" else None
     return {"rank": ctx.rank, "host": peers.this_host(), "node": peers.this_node(), "address": peers.node_addresses()[0],
             "local_rank": ctx.local_rank, "local_size": ctx.local_size, "threads": torch.get_num_threads(), "gpu": gpu}
+
+
+@dataclass
+class Startup:
+    """A trainer's start-up, carried across hvd.init() from ``before_init`` to ``after_init``."""
+    args: object
+    stop_request: signals.StopRequest
+    profile_line: str = None
+
+
+def before_init(args):
+    """A trainer's start-up before hvd.init(): Ctrl-C ends a rank without a traceback wall, SIGTERM and
+    SIGUSR1 become a stop request (a checkpoint, exit 0: Run.step_done), and the variables hvd.init()
+    reads are set (``configure_horovod``). ``args``: options.add_run_arguments' and the precision's."""
+    exit_quietly_on_interrupt()
+    stop_request = signals.StopRequest()
+    return Startup(args, stop_request, configure_horovod(args))
+
+
+def after_init(startup):
+    """A trainer's start-up after hvd.init(): ``setup`` from its arguments (this rank's GPU, its share of
+    the node's cores, its watchdog and heartbeat), the stop request kept on the context, a tuned
+    profile said once."""
+    args = startup.args
+    ctx = setup(use_cuda=not args.cpu, threads=args.threads, elastic=args.elastic)
+    ctx.stop_request = startup.stop_request
+    if startup.profile_line:
+        ctx.print0(startup.profile_line)
+    return ctx
 
 
 def configure_horovod(args):
@@ -125,6 +156,7 @@ def configure(use_cuda=True, stall_shutdown_seconds=None, elastic=False, buckets
     # Open MPI busy-polls while a rank waits in a collective, and that spinning takes
     # the core from the compute threads (or the rank being waited for). Yielding
     # made CNN epochs 2.5x faster under horovodrun --mpi on the 2-core test machine.
+    # The installed build's hvd.init() sets it too (patch 0024); here for a build without it.
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     if elastic:
         # Horovod's response cache refers to tensors by bit positions agreed in earlier
@@ -171,7 +203,8 @@ def setup(use_cuda=True, threads=None, elastic=False):
     if threads:
         torch.set_num_threads(threads)
     # A step's freed host memory kept for the next one, not given back to the kernel and faulted
-    # in again (host_memory.py; a user's MALLOC_* setting wins).
+    # in again (host_memory.py; a user's MALLOC_* setting wins). The installed build's hvd.init()
+    # does the same (patch 0025, HOROVOD_KEEP_FREED_MEMORY=0 turns both off); here for a build without it.
     host_memory.keep_freed_memory()
 
     ctx = Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),

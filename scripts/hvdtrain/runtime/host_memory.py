@@ -24,8 +24,9 @@ USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNA
 
 
 def keep_freed_memory(environ=os.environ):
-    """Fix malloc's mmap and trim thresholds high (see above). Returns whether they were set."""
-    if any(name in environ for name in USER_SETTINGS):
+    """Fix malloc's mmap and trim thresholds high (see above). Returns whether they were set.
+    HOROVOD_KEEP_FREED_MEMORY=0 (the build's own switch for the same setting, patch 0025): not."""
+    if environ.get("HOROVOD_KEEP_FREED_MEMORY", "1") == "0" or any(name in environ for name in USER_SETTINGS):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -1,8 +1,8 @@
 """A training run's life around the trainer's own loop: its start, each step's bookkeeping, its end.
 
-    run = Run(ctx, settings, state, checkpointer, commits, timer, stop_request)
+    run = Run(ctx, settings, state, checkpointer, commits, timer)
 
-    def train(commits, ...):             # hvd.elastic.run calls it again after every reset (--elastic)
+    def train(commits, run, task):       # hvd.elastic.run calls it again after every reset (--elastic)
         if run.begin() == "fresh":       # this world; once per job, the newest checkpoint restored
             broadcast rank 0's initial weights         # (nothing was restored)
         if run.nothing_to_train(finished): return
@@ -30,7 +30,7 @@ from pathlib import Path
 from hvdtrain import cli, durations
 from hvdtrain.errors import UsageError
 from hvdtrain.liveness import recorder as flight
-from hvdtrain.runtime import checkpoint_files, collectives, settings as settings_module, stragglers
+from hvdtrain.runtime import checkpoint_files, collectives, settings as settings_module, signals, stragglers
 from hvdtrain.runtime.cadence import CheckpointManager
 from hvdtrain.runtime.outdir_lock import OutputDirLock
 from hvdtrain.runtime.runlog import RunLog
@@ -60,18 +60,20 @@ class TrainState:
 class Run:
     """Restore, each step's bookkeeping, checkpoints, stop requests and the log around a trainer's loop."""
 
-    def __init__(self, ctx, settings, state, checkpointer, commits, timer, stop_request, shares=None):
-        """``state``: the TrainState among ``checkpointer``'s shared components; ``commits``: the run's
-        elastic.Commits (hvd.elastic.run's state under --elastic); ``timer``: the durations.SectionTimer the
-        trainer times its steps with; ``shares``: --balance's balance.Shares. The schedule's steps
-        come with ``retarget``, in every world."""
+    def __init__(self, ctx, settings, state, checkpointer, commits, timer, shares=None):
+        """``ctx``: this rank's dist.Context (its stop request: dist.after_init); ``state``: the TrainState
+        among ``checkpointer``'s shared components; ``commits``: the run's elastic.Commits
+        (hvd.elastic.run's state under --elastic); ``timer``: the durations.SectionTimer the trainer
+        times its steps with; ``shares``: --balance's balance.Shares. The schedule's steps come with
+        ``retarget``, in every world."""
         self.ctx = ctx
         self.settings = settings
         self.state = state
         self.checkpointer = checkpointer  # restored from by begin()
         self.commits = commits
         self.total_steps = self.last_step = None  # the schedule's, and this launch's (retarget)
-        self.stop_request = stop_request
+        self.stop_request = ctx.stop_request or signals.StopRequest()  # SIGTERM/SIGUSR1: a checkpoint, exit 0
+        self.timer = timer
         self.checkpoints = CheckpointManager(checkpointer, settings, state, commits if commits.enabled else None)
         self.log = None
         stragglers.check_settings(settings, os.environ)

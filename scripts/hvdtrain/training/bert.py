@@ -9,7 +9,7 @@ in the current world, the metrics' rows and results.json's summary.
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -64,6 +64,15 @@ class BertSettings(RunSettings):
                 "the checkpoint's number of ranks, at least until the epoch ends")
 
 
+class Inputs(NamedTuple):
+    """What train() reads besides the trainer: the prepared data's metadata (its shards), the model's
+    configuration, the --init-checkpoint's weights (or None) and the epoch's global position (or None)."""
+    metadata: dict
+    config: object
+    init: object
+    position: object
+
+
 @dataclass
 class BertState(TrainState):
     """Where training stands (a checkpoint component), and the first logged MLM loss."""
@@ -96,6 +105,14 @@ class Trainer:
     global_counts: object = None
     last_lr: float = 0.0  # the LR of the latest step
     last_tokens: int = 0  # real (unpadded) tokens of the latest step
+
+    @classmethod
+    def of(cls, settings, model, objective, optimizer, scheduler, device, amp_dtype, use_scaler, **parts):
+        """The trainer of a run's ``settings`` (accumulation, clipping) with a GradScaler when
+        ``use_scaler`` (fp16); ``parts``: guard, timer, global_counts."""
+        scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
+        return cls(model, objective, optimizer, scheduler, scaler, device, amp_dtype, settings.accumulation_steps,
+                   settings.max_grad_norm, **parts)
 
     def components(self):
         """What a checkpoint saves of the step's parts."""

@@ -34,11 +34,13 @@ class CnnSettings(RunSettings):
     """train_cnn.py's settings: its flags, resolved (see runtime/settings.py)."""
     dataset: str
     data: Optional[str]
+    dataset_arg: dict  # --dataset-arg: your own --dataset's keyword arguments
     image_size: Optional[int]
     workers: int  # resolved: 4 for imagefolder, else 0
     verify_images: bool
     synthetic_samples: int
     model: str
+    model_arg: dict  # --model-arg: your own --model's keyword arguments
     sync_bn: bool
     epochs: int
     lr: float  # per worker batch
@@ -71,7 +73,8 @@ class CnnSettings(RunSettings):
         if "amp" in saved and "precision" not in saved:
             saved = {**saved, "precision": "fp16" if saved["amp"] else "fp32"}
             del saved["amp"]
-        return {"balance": False, "global_batch": None, **saved}  # from before --balance, --global-batch
+        # from before --balance, --global-batch, --model-arg and --dataset-arg
+        return {"balance": False, "global_batch": None, "model_arg": {}, "dataset_arg": {}, **saved}
 
 
 def check_args(args, ctx):
@@ -179,6 +182,14 @@ class Trainer:
     sum_over: Optional[int] = None  # --balance, --global-batch: the global batch; Horovod sums the gradients
     last_lr: float = 0.0  # the LR of the latest step
 
+    @classmethod
+    def of(cls, settings, model, optimizer, scheduler, criterion, device, **parts):
+        """The trainer of a run's ``settings`` (precision and its scaler, layout, accumulation,
+        Adasum); ``parts``: guard, timer, sum_over."""
+        return cls(model, optimizer, scheduler, precision.scaler(settings.precision, device), criterion, device,
+                   settings.precision, settings.channels_last, settings.accumulation_steps, settings.use_adasum,
+                   **parts)
+
     def to_device(self, images_batch, targets):
         # NHWC is a layout of images (N, C, H, W) only: other inputs (signals, volumes) stay as they are.
         layout = torch.channels_last if self.channels_last and images_batch.dim() == 4 else torch.preserve_format
@@ -258,9 +269,10 @@ class Trainer:
 
 def build_model(settings, ctx, num_classes, channels, train_set):
     """The model on this rank's device, in the layout asked for: a preset (models/resnet.py), or your
-    own (--model MODULE:CALLABLE: ``CALLABLE(num_classes, in_channels)``, checked on two samples)."""
+    own (--model MODULE:CALLABLE: ``CALLABLE(num_classes, in_channels, **--model-arg)``, checked on two
+    samples)."""
     if usercode.is_spec(settings.model):
-        model = user_model(settings.model, num_classes, channels, train_set)
+        model = user_model(settings.model, num_classes, channels, train_set, settings.model_arg)
     else:
         model = resnet.build(settings.model, num_classes, channels)
     if settings.sync_bn:
@@ -269,12 +281,17 @@ def build_model(settings, ctx, num_classes, channels, train_set):
     return model.to(ctx.device, memory_format=layout)
 
 
-def user_model(spec, num_classes, channels, train_set):
+def with_arguments(spec, options):
+    """``spec`` as the run's first line names it: with its --model-arg/--dataset-arg, e.g. "net.py:build(width=4)"."""
+    return spec + (f"({', '.join(f'{key}={value!r}' for key, value in options.items())})" if options else "")
+
+
+def user_model(spec, num_classes, channels, train_set, options=None):
     """``--model MODULE:CALLABLE``'s module, checked: a torch.nn.Module whose output for a batch of two of
     the data's samples is one score per class (UsageError, one line, otherwise): a tensor, or a
     ModelOutput, dict or tuple holding it (its ``logits``, its first item)."""
     build = usercode.load_callable(spec, "--model")
-    model = usercode.call(spec, "--model", build, num_classes, channels)
+    model = usercode.call(spec, "--model", build, num_classes, channels, **(options or {}))
     if not isinstance(model, nn.Module):
         raise UsageError(f"--model {spec}: {build.__name__}(num_classes, in_channels) returned "
                          f"{type(model).__name__}, not a torch.nn.Module")
