@@ -9,8 +9,8 @@ import shlex
 import sys
 
 from hvdtrain.errors import UsageError, fail
-from hvdtrain.usercode import is_spec
 from hvdtrain.liveness.failures import report
+from hvdtrain.usercode import is_spec
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """--help of every script: each option's default shown once, texts kept as written.
