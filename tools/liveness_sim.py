@@ -13,10 +13,10 @@ CPU time is its own. Three phases, timed from rank 0's side:
 1. steady state: rank 0's CPU (a fraction of one core) and the datagrams and bytes it
    receives per second;
 2. a rank-divergent collective: every rank stops in its next collective, one rank in another
-   one (``user.metric``); how long until rank 0's finding (recorder.divergence over the
-   statuses it heard) names that rank, and the finding's length;
-3. a lost node: one node's process killed (SIGKILL); how long until rank 0 names exactly its
-   ranks as not heard (peers.who_is_silent), the same bound as at 2 ranks (SILENT_SECONDS).
+   one (``user.metric``); how long until rank 0's judge (Peers.judge, liveness/judge.py, over
+   the statuses it heard) finds the deadlock certain and names that rank, and the finding's length;
+3. a lost node: one node's process killed (SIGKILL); how long until rank 0's judge names exactly
+   its ranks as not heard, the same bound as at 2 ranks (SILENT_SECONDS).
 
 Prints the figures, and writes them as JSON with --output.
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from hvdtrain.liveness import peers, recorder  # noqa: E402  (no torch, no Horovod)
+from hvdtrain.liveness import judge, peers, recorder  # noqa: E402  (no torch, no Horovod)
 
 STEP_SECONDS = 0.2
 ODD_ONE_OUT = "user.metric"
@@ -88,6 +88,7 @@ class SimulatedRank:
                                       burst=name.startswith(recorder.GRADIENT))
             if diverging:  # every rank waits forever, each in the collective it made
                 self.waiting = True
+                self.flight.wait_started()
                 return
             time.sleep(STEP_SECONDS)
             for handle in handles:
@@ -126,7 +127,9 @@ def root(args, diverge, odd_one_out, lost_node, ready, go, results):
         time.sleep(0.2)
     heard_all = len(me.peers.heard) == args.ranks - 1
     cpu, (datagrams, size), started = cpu_seconds(), list(me.peers.received), time.monotonic()
-    time.sleep(args.steady_seconds)
+    while time.monotonic() - started < args.steady_seconds:  # the speaking listener judges once a second
+        assert me.peers.judge() is None
+        time.sleep(judge.JUDGE_SECONDS)
     seconds = time.monotonic() - started
     steady = {"heard_every_rank": heard_all, "rank0_cpu_fraction": (cpu_seconds() - cpu) / seconds,
               "datagrams_per_second": (me.peers.received[0] - datagrams) / seconds,
@@ -135,8 +138,8 @@ def root(args, diverge, odd_one_out, lost_node, ready, go, results):
     diverge.set()
     started, finding = time.monotonic(), None
     while time.monotonic() - started < 30:
-        statuses = me.peers.heard_statuses()
-        finding = recorder.divergence(statuses, peers.rank_list) if len(statuses) == args.ranks else None
+        verdict = me.peers.judge()
+        finding = verdict.finding if verdict is not None and verdict.kind == "deadlocked" else None
         if finding and f"rank {odd_one_out} waits in allreduce {ODD_ONE_OUT}" in finding and finding.count(";") == 1:
             break  # every rank's status is one sent after it stopped: the big group and the odd one out
         time.sleep(0.1)
@@ -149,9 +152,9 @@ def root(args, diverge, odd_one_out, lost_node, ready, go, results):
     lost = set(range(lost_node * args.per_node, (lost_node + 1) * args.per_node))
     line = ""
     while time.monotonic() - killed < 60:
-        silent = set(me.peers.silent_ranks())
-        if silent == lost:
-            line = me.peers.who_is_silent()
+        verdict = me.peers.judge()
+        if verdict is not None and verdict.kind == "lost" and set(me.peers.silent_ranks()) == lost:
+            line = verdict.finding
             break
         time.sleep(0.1)
     results.put({"lost_node": {"seconds_to_name_it": time.monotonic() - killed, "line": line,

@@ -14,6 +14,8 @@ that step, does one of
   deadlock  block its main thread forever; Horovod's thread stays alive
   kill      SIGKILL itself (a crashed node, the OOM killer)
   raise     raise an exception on this rank only (a bug, a bad file)
+  busy      compute for ``seconds`` (default 30) outside any collective: a long
+            step (``rank=0-1``: on every rank, which is no hang).
   slow-checkpoint  sleep ``seconds`` (default 30) inside rank 0's write of that
             step's checkpoint file (--checkpoint-write async: in its background
             thread): a slow file system, a legitimate long wait that must not be killed.
@@ -40,7 +42,7 @@ from hvdtrain.errors import UsageError
 FAULT_ENV = "HVDTRAIN_FAULT"
 NONFINITE_ENV = "HVDTRAIN_INJECT_NONFINITE"
 RECORD_ENV = "HVDTRAIN_RECORD_INSTANCES"
-KINDS = ("stop", "deadlock", "kill", "raise", "slow-checkpoint", "full-disk", "skip-vote")
+KINDS = ("stop", "deadlock", "kill", "raise", "busy", "slow-checkpoint", "full-disk", "skip-vote")
 CHECKPOINT_KINDS = ("slow-checkpoint", "full-disk")  # at the checkpoint write, not after the step
 IN_STEP_KINDS = ("skip-vote",)  # inside the step (skips_vote), not after it
 
@@ -129,9 +131,7 @@ def _inject(fault, rank, step):
     # slow-checkpoint, full-disk: no injection here; checkpoint_writing acts inside the write.
     if fault.kind in CHECKPOINT_KINDS + IN_STEP_KINDS or not fault.applies_to(rank) or fault.step != step:
         return
-    # The wall-clock time lets the fault matrix measure how long the job took to end.
-    print(f"rank {rank}: injecting fault {fault.kind} after step {step} at {time.time():.3f} ({FAULT_ENV})",
-          file=sys.stderr, flush=True)
+    _say_injected(fault, rank, f"after step {step}")
     if fault.kind == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif fault.kind == "kill":
@@ -142,6 +142,8 @@ def _inject(fault, rank, step):
         lock.acquire()  # never returns: a main-thread deadlock
     elif fault.kind == "raise":
         raise RuntimeError(f"injected fault ({FAULT_ENV})")
+    elif fault.kind == "busy":
+        time.sleep(fault.seconds)
 
 
 def checkpoint_writing(rank, step):
@@ -154,11 +156,20 @@ def checkpoint_writing(rank, step):
     time.sleep(fault.seconds)
 
 
+def _say_injected(fault, rank, when):
+    # The wall-clock time lets the fault matrix measure how long the job took to end.
+    print(f"rank {rank}: injecting fault {fault.kind} {when} at {time.time():.3f} ({FAULT_ENV})",
+          file=sys.stderr, flush=True)
+
+
 def skips_vote(rank, step):
     """In step ``step``'s NaN/Inf vote (NonFiniteGuard.skip_step): whether this rank leaves it out,
     planned as kind=skip-vote (a rank-divergent collective, for the flight recorder's tests)."""
     fault = _planned(FAULT_ENV)
-    return bool(fault and fault.kind == "skip-vote" and fault.applies_to(rank) and fault.step == step)
+    skips = bool(fault and fault.kind == "skip-vote" and fault.applies_to(rank) and fault.step == step)
+    if skips:  # its next collective is the next step's gradients, while the others wait in the vote
+        _say_injected(fault, rank, f"in step {step}")
+    return skips
 
 
 def loss_computed(rank, step, loss):

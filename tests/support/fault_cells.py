@@ -5,8 +5,9 @@
 
 Faults are injected by the trainer itself (HVDTRAIN_FAULT, hvdtrain/testhooks.py):
 rank 1 SIGSTOPs or SIGKILLs its own process, deadlocks its main thread, or
-raises, right after step FAULT_STEP. Shared by tests/test_faults.py and
-tools/fault_matrix.py (the README's table).
+raises, right after step FAULT_STEP, or leaves that step's NaN/Inf vote out
+("diverge": the ranks then wait in different collectives). Shared by
+tests/test_faults.py and tools/fault_matrix.py (docs/troubleshooting.md's table).
 """
 import contextlib
 import re
@@ -16,10 +17,24 @@ from dataclasses import dataclass
 from .launch import REPO, SCRIPTS, horovodrun, launch
 from .ranks import waits_held_once_frozen
 
-FAULTS = ("stop", "deadlock", "kill", "raise")
+FAULTS = ("stop", "deadlock", "kill", "raise", "diverge")
+KINDS = {"diverge": "skip-vote"}  # HVDTRAIN_FAULT's kind, where it is not the fault's name
 LAUNCHERS = ("horovodrun --gloo", "horovodrun --mpi", "mpirun", "srun")
-# The issue's limits: a hang within 120 s, a dead rank or an exception within 60 s.
-LIMITS = {"stop": 120, "deadlock": 120, "kill": 60, "raise": 60}
+# Seconds from the fault to the job's end. What the heartbeat makes certain (liveness/judge.py): a
+# frozen rank within 15 s, a dead one within 5 s, ranks in collectives that cannot match within 10 s.
+# A rank alive and busy (deadlock) holds the job until the watchdog's limit; an exception ends it at once.
+LIMITS = {"stop": 15, "deadlock": 120, "kill": 5, "raise": 60, "diverge": 10}
+CERTAIN = ("stop", "kill", "diverge")
+# horovodrun --gloo ends a rank's shell by SIGSTOP then SIGTERM, which a stopped shell holds until
+# the SIGKILL 5 s later (Horovod's safe_shell_exec, GRACEFUL_TERMINATION_TIME_S): every job it must
+# end itself (a rank frozen or dead, not one that ended on its own) takes that long more.
+GLOO_TEARDOWN_SECONDS = 5
+
+
+def limit(fault, launcher):
+    """Seconds from ``fault`` to the end of the job under ``launcher`` (LIMITS, and Horovod's teardown)."""
+    extra = GLOO_TEARDOWN_SECONDS if launcher == "horovodrun --gloo" and fault in ("stop", "kill") else 0
+    return LIMITS[fault] + extra
 FAULT_STEP = 20  # in the first epoch (44 steps of 2 x 16 digits)
 EVALUATION = "step=44,phase=evaluating"  # as rank 1 enters the first epoch's evaluation
 TRAIN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--image-size", "8", "--epochs", "3"]
@@ -31,10 +46,12 @@ CAUSES = {
     "deadlock": re.compile(r"rank 1: error: no training progress .* main thread is stuck outside any collective"),
     "kill": re.compile(r"(rank|Process|task) 1\b.*(Killed|status code 137|signal 9)"
                        r"|Process name: 1 \(on \S+\) Exit code: 137"
-                       r"|rank 0: error: a collective failed after step \d+: another rank died"),
+                       r"|rank 0: error: a collective failed after step \d+: another rank died"
+                       r"|rank 0: error: .*rank 1 \(1 of 2 on \S+\) has exited"),
     "raise": re.compile(r"rank 1: error: RuntimeError after step \d+: injected fault"),
+    "diverge": re.compile(r"rank \d+: error: no training progress .*: the ranks made different collectives"),
 }
-_INJECTED = re.compile(r"injecting fault \S+ after step \d+ at (\d+\.\d+)")
+_INJECTED = re.compile(r"injecting fault \S+ (?:after|in) step \d+ at (\d+\.\d+)")
 @dataclass
 class Cell:
     fault: str
@@ -69,7 +86,8 @@ def _untagged(line):
 
 
 def fault_env(fault, extra=None, where=None):
-    return {"HVDTRAIN_FAULT": f"rank=1,{where or f'step={FAULT_STEP}'},kind={fault}", **(extra or {})}
+    return {"HVDTRAIN_FAULT": f"rank=1,{where or f'step={FAULT_STEP}'},kind={KINDS.get(fault, fault)}",
+            **(extra or {})}
 
 
 def run_cell(fault, launcher, out_dir, env=None, cluster=None, where=None, hold_waits=False):

@@ -13,10 +13,13 @@ import time
 import traceback
 
 from hvdtrain.errors import FAILED_EXIT, TRACEBACK_ENV, launched, launcher_rank
-from hvdtrain.liveness import recorder as flight
+from hvdtrain.liveness import recorder as flight, teardown
 
 # Exiting runs Horovod's shutdown; when a peer is gone it can wait for that peer.
 EXIT_GRACE_SECONDS = 10
+# After a failed collective the peer is gone: only the quick exit handlers are worth waiting for
+# (the launcher ends a rank that is slower, horovodrun after 5 s).
+PEER_EXIT_GRACE_SECONDS = 1.0
 
 _last_step = None  # the latest finished step, for the one-line reports
 REPORTING = threading.Event()  # this rank is saying why it fails: the watchdog adds no line of its own
@@ -89,10 +92,12 @@ def report(error):
             witness.announce_reported()
     # A normal exit (atexit: the run lock, Horovod's shutdown), unless the shutdown
     # waits on a peer that is gone.
-    threading.Thread(target=_exit_after_grace, daemon=True).start()
+    teardown.end_own_children()  # its DataLoader workers would hold the job's output open for 5 s
+    grace = PEER_EXIT_GRACE_SECONDS if is_peer_failure(error) else EXIT_GRACE_SECONDS
+    threading.Thread(target=_exit_after_grace, args=(grace,), daemon=True).start()
     sys.exit(FAILED_EXIT)
 
 
-def _exit_after_grace():
-    time.sleep(EXIT_GRACE_SECONDS)
+def _exit_after_grace(grace):
+    time.sleep(grace)
     os._exit(FAILED_EXIT)

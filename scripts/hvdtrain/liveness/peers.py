@@ -3,10 +3,13 @@
 When a rank freezes, dies or is cut off from the network, every other rank
 waits in its next collective and cannot tell why: Horovod's coordinator waits
 in the same negotiation. So two ranks listen, rank 0 and its deputy (the first
-rank on another node than rank 0's), and every rank sends each of them a
-datagram every BEAT_SECONDS from a daemon thread; each listener answers. When
-the progress watchdog (liveness/watchdog.py) finds no progress, or a collective
-fails, one rank speaks for the job (``speaker``):
+rank on another node than rank 0's; rank 1 on one node), and every rank sends each of them a
+datagram every BEAT_SECONDS from a daemon thread, carrying its flight-recorder
+status; each listener answers with what the job does now. The listener that
+speaks judges the statuses once a second (``judge``, liveness/judge.py) and ends
+the job as soon as a hang is certain; when the progress watchdog
+(liveness/watchdog.py) finds no progress, or a collective fails, one rank speaks
+for the job (``speaker``) too:
 
 - rank 0, naming the ranks it has not heard from for SILENT_SECONDS, with their
   hosts: one line for the whole job;
@@ -23,8 +26,8 @@ datagrams do not arrive: from a listener the three look the same, and the line
 says so. The cost: one datagram of a few dozen bytes per rank every 2 s to each
 of two ranks (256 a second each at 512 ranks), and one allgather of host names
 and node ids at start. UDP, so a lost datagram costs nothing and no connection state grows
-with the job. On one host there is no deputy (the node lost is the job). Not
-under --elastic, whose world changes.
+with the job. On one host the deputy is rank 1: it speaks when rank 0's process
+alone froze. Not under --elastic, whose world changes.
 
 A node is told from another by its kernel's boot id and its network namespace
 (``this_node``), not by its host name: cloned VMs and containers may all say
@@ -35,16 +38,19 @@ said once at start, and a lost one is named by its address.
 """
 import json
 import os
+import signal
 import socket
 import sys
 import threading
 import time
 from pathlib import Path
 
-from hvdtrain.liveness import recorder as flight, teardown
+from hvdtrain.liveness import judge as judging, recorder as flight, teardown
 
 BEAT_SECONDS = 2.0
-SILENT_SECONDS = 10.0  # not heard for this long: frozen, dead or cut off
+# Not heard for this long (four beats): frozen, dead or cut off. A datagram lost now and then, or a
+# beat late under load, is not four in a row.
+SILENT_SECONDS = 8.0
 # After a failed collective: not heard for this long (two beats and a margin), a rank is lost.
 LOST_AFTER_SECONDS = 2 * BEAT_SECONDS + 0.5
 LINGER_SECONDS = 15.0  # a quiet rank waits this long at most for the speaker's line
@@ -72,6 +78,8 @@ class Peers:
         self.statuses = {}  # a listener: rank -> the latest status it sent (raw JSON bytes)
         self.received = [0, 0]  # a listener: datagrams and bytes heard (tools/liveness_sim.py reads them)
         self.summary = ""  # what the listeners say the job does now (their answers carry it)
+        # How long the longest-waiting rank had waited in a collective, as a listener last said, and when
+        self.longest_wait = (0.0, None)
         self._summary_made = 0.0
         self.started = time.monotonic()
         self.heard = {}  # a listener: rank -> when it was last heard from
@@ -157,6 +165,62 @@ class Peers:
             where = f"the node at {address}" if address else "a node"
         return f"{where}, one of {namesakes} named {host}"
 
+    def judge(self):
+        """The speaking listener: what is certain about the job now (judge.Verdict), or None."""
+        statuses = self.heard_statuses()
+        now = time.monotonic()
+        received = {rank: self.heard.get(rank, now) for rank in statuses}
+        received[self.rank] = now
+        return judging.verdict(statuses, received, len(self.hosts), self.who_is_silent,
+                               lambda: self.who_exited(statuses), rank_list)
+
+    def wake(self, ranks):
+        """SIGCONT the processes of ``ranks`` on this node (frozen ones, judged lost): woken, each reads
+        that the job's line is out and leaves quietly, instead of holding its launcher's teardown (which
+        sends a stopped process SIGTERM, pending until SIGKILL 5 s later under horovodrun)."""
+        for rank in ranks:
+            if self.nodes[rank] != self.nodes[self.rank] or rank not in self.statuses:
+                continue
+            try:
+                namespace, _, pid = str(json.loads(self.statuses[rank]).get("process", "")).partition("/")
+                if namespace == flight.PID_NAMESPACE != "?" and pid.isdigit():
+                    os.kill(int(pid), signal.SIGCONT)
+            except (ValueError, OSError):
+                pass
+
+    def who_exited(self, statuses):
+        """A listener: "rank 3 (1 of 4 on node-a) has exited" for the ranks on its own node whose
+        process is gone (looked up by the pid each status carries, in this pid namespace), or ""."""
+        here, namespace = self.nodes[self.rank], flight.PID_NAMESPACE
+        gone = []
+        for rank in range(len(self.nodes)):
+            if rank == self.rank or self.nodes[rank] != here or rank not in self.statuses:
+                continue
+            status = statuses.get(rank)
+            if status is None:
+                try:
+                    status = json.loads(self.statuses[rank])
+                except ValueError:
+                    continue
+            process_namespace, _, pid = str(status.get("process", "")).partition("/")
+            if process_namespace == namespace != "?" and pid.isdigit() and not _runs(int(pid)):
+                gone.append(rank)
+        if not gone:
+            return ""
+        return f"{self.ranks_by_node(gone)} {'has' if len(gone) == 1 else 'have'} exited (the process is gone)"
+
+    def others_waited(self):
+        """Seconds the longest-waiting rank has waited in a collective (0 when none waits), as this
+        rank's statuses (a listener) or its listeners' latest answer say; None where no listener has
+        answered: there is no heartbeat to ask."""
+        if self.listens and self.status is not None:
+            return max((status.get("blocked", 0.0) for rank, status in self.heard_statuses().items()
+                        if rank != self.rank), default=0.0)
+        waited, said = self.longest_wait
+        if said is None:
+            return None
+        return waited + (time.monotonic() - said if waited else 0.0)
+
     def on_peer_failure(self):
         """A collective failed (a peer died or left): what this rank says about it (failures.report).
 
@@ -211,6 +275,9 @@ class Peers:
                     pass
 
     def _name_the_lost(self):
+        exited = self.who_exited(self.heard_statuses())
+        if exited:  # a process on this node that is gone: no need to wait for it to fall silent
+            return exited
         deadline = time.monotonic() + LOST_AFTER_SECONDS + BEAT_SECONDS
         while not self.silent_ranks(LOST_AFTER_SECONDS) and time.monotonic() < deadline:
             if self.reported.wait(0.2):
@@ -257,12 +324,15 @@ class Peers:
         return found
 
     def _answer(self):
-        """A listener's answer to a beat: its rank, and what the job does now (``summary``)."""
+        """A listener's answer to a beat: "RANK|WAITED|SUMMARY": its rank, how long the longest-waiting
+        rank has waited in a collective, and what the job does now (``summary``)."""
         now = time.monotonic()
         if now - self._summary_made > SUMMARY_SECONDS and self.status is not None:
             self._summary_made = now
-            self.summary = job_summary(self.heard_statuses())
-        return f"{self.rank}|{self.summary}".encode()[:DATAGRAM]
+            statuses = self.heard_statuses()
+            self.summary = job_summary(statuses)
+            self.longest_wait = (max((status.get("blocked", 0.0) for status in statuses.values()), default=0.0), now)
+        return f"{self.rank}|{self.longest_wait[0]:.1f}|{self.summary}".encode()[:DATAGRAM]
 
     def _listen(self):
         while True:
@@ -309,12 +379,17 @@ class Peers:
                 if answer == REPORTED:
                     self.reported.set()
                     continue
-                head, _, summary = answer.partition(b"|")
+                head, _, rest = answer.partition(b"|")
+                waited, _, summary = rest.partition(b"|")
                 if head.isdigit() and int(head) in self.answered:
-                    self.answered[int(head)] = time.monotonic()
+                    now = time.monotonic()
+                    self.answered[int(head)] = now
                     self.answered_once.add(int(head))
-                    if summary:
-                        self.summary = summary.decode(errors="replace")
+                    try:
+                        self.longest_wait = (float(waited), now)
+                    except ValueError:
+                        pass
+                    self.summary = summary.decode(errors="replace")
 
     def _message(self):
         """A beat: "RANK {status JSON}", or "RANK STEP" without a recorder."""
@@ -334,8 +409,18 @@ def judged_limit(seconds):
 
 
 def deputy_of(nodes):
-    """The first rank on another node than rank 0's (None on one node): it speaks when rank 0 cannot."""
-    return next((rank for rank, node in enumerate(nodes) if node != nodes[0]), None)
+    """The first rank on another node than rank 0's, else rank 1 (None alone): it speaks when rank 0 cannot."""
+    other = next((rank for rank, node in enumerate(nodes) if node != nodes[0]), None)
+    return other if other is not None else 1 if len(nodes) > 1 else None
+
+
+def _runs(pid):
+    """Is process ``pid`` (of this pid namespace) still running? A zombie has exited."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def this_host():

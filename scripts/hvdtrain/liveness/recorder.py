@@ -100,6 +100,7 @@ class FlightRecorder:
         self.seq = 0  # collectives this rank submitted in this world
         self.in_flight = {}  # handle -> Record
         self.failed = None  # the Record whose collective raised (a mismatch Horovod found)
+        self.waits_since = None  # monotonic time the thread that trains began to wait for a collective
         self.step = None  # the latest finished step (the watchdog's)
         self.dump_dir = None  # where ``dump`` writes (the run's output directory, Run.begin)
 
@@ -135,6 +136,14 @@ class FlightRecorder:
         """The collective of ``handle`` raised: kept as ``failed`` for the one line."""
         self.failed = self.in_flight.pop(handle, None)
 
+    def wait_started(self):
+        """The thread that trains waits for a collective to complete (Horovod's ``synchronize``): it can
+        submit no other until it returns, which is what lets the judge (judge.py) call a deadlock certain."""
+        self.waits_since = time.monotonic()
+
+    def wait_ended(self):
+        self.waits_since = None
+
     def completed(self, handle):
         record = self.in_flight.pop(handle, None)
         if record is not None:
@@ -151,14 +160,18 @@ class FlightRecorder:
         """What the heartbeat carries: where this rank is, in a few hundred bytes (see ``describe``)."""
         waiting = self.waiting_in()
         waiting_main, place, doing = self.place()
-        status = {"rank": self.rank, "step": self.step, "seq": self.seq, "place": place[-120:],
-                  "in": "collective" if waiting_main else doing}
+        status = {"rank": self.rank, "process": f"{PID_NAMESPACE}/{os.getpid()}", "step": self.step,
+                  "seq": self.seq, "place": place[-120:], "in": "collective" if waiting_main else doing}
+        since = self.waits_since
+        if since is not None:
+            status["blocked"] = round(time.monotonic() - since, 1)
         if self.failed is not None:
             status["failed"] = {"name": self.failed.name, "where": self.failed.where, "detail": self.failed.detail}
         if waiting:
             first = waiting[0]
             status.update(op=first.op, name=group_name([record.name for record in waiting]), first=first.seq,
-                          count=len(waiting), where=first.where, since=round(time.time() - first.submitted, 1))
+                          count=len(waiting), where=first.where, since=round(time.time() - first.submitted, 1),
+                          detail=first.detail[:60], keys=collective_keys(waiting))
         return status
 
     def dump(self, reason):
@@ -239,6 +252,38 @@ def main_thread_place():
 
 
 _DATA_LOADER = os.path.join("torch", "utils", "data")
+
+
+
+
+def _pid_namespace():
+    """This process's pid namespace: a listener looks a rank's process up by its pid only in its own
+    (judge.py: a rank that exited), not in another container's sharing the node's network."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:  # not Linux
+        return "?"
+
+
+PID_NAMESPACE = _pid_namespace()
+KEYS_CHARACTERS = 600  # the collectives in flight that a status lists, at most this long (a datagram is 2 KiB)
+
+
+def collective_key(record):
+    """What must be the same on every rank for a collective to complete: "allreduce user.metric". A
+    burst of gradients is "allreduce gradients": which of them each rank has submitted varies mid-step."""
+    return f"{record.op} {'gradients' if record.first.startswith(GRADIENT) else record.first}"
+
+
+def collective_keys(records):
+    """The keys of the collectives in flight, oldest first, ending in "..." where they do not all fit."""
+    keys, size = [], 0
+    for key in dict.fromkeys(collective_key(record) for record in records):
+        size += len(key) + 4
+        if size > KEYS_CHARACTERS:
+            return keys + ["..."]
+        keys.append(key[:200])
+    return keys
 
 
 GRADIENT = "grad."  # the recorder's prefix for DistributedOptimizer's gradients (Horovod names them by parameter)

@@ -42,6 +42,27 @@ def end_a_stuck_launcher(grace=LAUNCHER_GRACE_SECONDS):
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def end_own_children():
+    """SIGKILL this rank's child processes and theirs (DataLoader workers, multiprocessing's forkserver)
+    as it exits on a failure: orphaned, a DataLoader worker notices its parent gone only at its next
+    5 s check, and holds the job's output open until then (a pipe's reader, ``| tee``, waits for it).
+    Processes in another session (end_a_stuck_launcher's) are left alone."""
+    session = os.getsid(0)
+    for pid in _descendants(os.getpid()):
+        try:
+            if os.getsid(pid) == session:
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _descendants(parent):
+    found = []
+    for child in _children(parent):
+        found += [child, *_descendants(child)]
+    return found
+
+
 def _kill_after(launcher, grace):
     time.sleep(grace)
     if _process_identity(launcher[0]) == launcher:

@@ -2,7 +2,17 @@
 
 Every rank runs one (``dist.setup`` starts it): the training loop reports each
 finished step, long legitimate phases say so, and a daemon thread ends the
-process when nothing happens for longer than the limit.
+process when nothing happens for longer than the limit. On the rank that speaks
+for the job the same thread judges the heartbeat's statuses once a second
+(judge.py) and ends the job at once when a hang is certain (a rank exited, lost,
+or the ranks deadlocked in collectives that cannot match); the limit is for what
+is not certain.
+
+The living are not ended for being slow: a rank busy in its own code (outside
+any collective) is ended only when other ranks have waited for it longer than
+the limit, and ranks that are all busy (nobody waits) get the long phases' limit.
+A rank that waits in a collective counts its time from the start of that wait,
+not from its last step: a long step everywhere is no hang of the first to finish.
 """
 import collections
 import contextlib
@@ -13,8 +23,8 @@ import time
 
 from hvdtrain.errors import WATCHDOG_EXIT, UsageError
 from hvdtrain import durations, testhooks
-from hvdtrain.liveness import failures, recorder as flight, teardown
-from hvdtrain.liveness.peers import judged_limit, rank_list
+from hvdtrain.liveness import failures, judge, recorder as flight, teardown
+from hvdtrain.liveness.peers import SILENT_SECONDS, judged_limit, rank_list, this_host
 from hvdtrain.liveness.recorder import main_thread_place as _main_thread_place
 
 # A rank that freezes (alive but silent) would otherwise hang the job forever:
@@ -31,6 +41,9 @@ RECENT_STEPS = 100
 # A rank that waits in a collective fires this much later than its limit, so that
 # the rank that caused the wait (stuck in its own code) names itself first.
 WAITING_GRACE_SECONDS = 5
+# Once another rank has said the job's line, this rank exits this much later if its launcher has not
+# ended it: the launcher's own report comes first where it is quick.
+QUIET_EXIT_SECONDS = 1.0
 # A fixed limit instead (0 turns the watchdog off).
 WATCHDOG_ENV = "HVDTRAIN_WATCHDOG_SECONDS"
 # Legitimate long phases (4 GB checkpoint writes on a shared file system, a first
@@ -69,6 +82,8 @@ class Watchdog:
         self.last_beat = time.monotonic()
         self.current_phase = None
         self.peers = None  # liveness/peers.py: who else is alive, to name them (dist.setup)
+        self.size = None  # ranks in the job (dist.setup); None: unknown
+        self.speaking = False  # this rank is saying the job's line (``_end``)
         if watch and fixed != 0:  # watch=False: only the limits (tests)
             threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True).start()
 
@@ -122,19 +137,31 @@ class Watchdog:
         frozen = 0.0  # seconds this whole process was stopped (SIGSTOP), as seen on waking
         while True:
             nap = min(5.0, max(0.2, self.limit()[0] / 10))
+            if self.peers is not None and self.peers.listens:
+                nap = min(nap, judge.JUDGE_SECONDS)
             before = time.monotonic()
-            time.sleep(nap)
+            if self.peers is not None and self.peers.reported.wait(nap):
+                self._leave_quietly()  # the job's line is out (another rank spoke)
+                time.sleep(nap)  # back here only where this rank says its own line: its exit follows
+                continue
+            if self.peers is None:
+                time.sleep(nap)
             overslept = time.monotonic() - before - nap
             if overslept > max(2.0, nap):  # no thread ran: the process itself was frozen
                 frozen = overslept
+            if not frozen:
+                self._judge()
             silent = time.monotonic() - self.last_beat
             limit, why = self.limit()
             lost = not frozen and silent > self.step_limit()[0] and self._peers_lost()
             if lost:  # inside a long phase, waiting for ranks that will not come: the step limit
                 limit, why = self._lost_limit()
+            waiting = _main_thread_place()[0]
+            if waiting and not lost:
+                silent = min(silent, self._waited(silent))  # since it began to wait, not since its last step
             if silent <= limit or failures.REPORTING.is_set():  # a failure's line is being said: that one
                 frozen = 0.0  # progress since: stopped and continued (Ctrl-Z, fg) is no hang
-            elif frozen or lost or silent > limit + WAITING_GRACE_SECONDS or not _main_thread_place()[0]:
+            elif frozen or lost or (silent > limit + WAITING_GRACE_SECONDS if waiting else self._holds(silent, limit)):
                 if not frozen and self._another_rank_speaks(lost):
                     # One line for the job: rank 0's (or its deputy's, when rank 0's node is the
                     # one lost), naming who is missing; its exit ends this rank through the
@@ -144,15 +171,67 @@ class Watchdog:
                 if self.peers is not None and (self.rank != 0 or frozen) and self.peers.reported.wait(2.0):
                     self._dump("the watchdog (another rank spoke)")
                     os._exit(WATCHDOG_EXIT)  # the speaker has named this rank already
-                self._dump("the watchdog")
-                print(f"rank {self.rank}: error: {self._cause(silent, frozen, lost)}; aborting "
-                      f"(limit {limit:.0f} s: {why})", file=sys.stderr, flush=True)
-                if self.peers is not None:  # the others add no line of their own
-                    self.peers.announce_reported()
-                # Whatever the heartbeat heard (a lost node may be one it never heard): the
-                # launcher of this rank's node must end, and may wait forever for a cut-off node.
-                teardown.end_a_stuck_launcher()
-                os._exit(WATCHDOG_EXIT)
+                self._end(self._cause(silent, frozen, lost), f"limit {limit:.0f} s: {why}")
+
+    def _judge(self):
+        """The rank that speaks for the job: end it now if the heartbeat's statuses make a hang certain."""
+        peers = self.peers
+        if peers is None or not peers.listens or peers.speaker() != self.rank or peers.reported.is_set() \
+                or failures.REPORTING.is_set():
+            return
+        verdict = peers.judge()
+        if verdict is None:
+            return
+        silent = time.monotonic() - self.last_beat
+        lost = list(peers.silent_ranks()) if verdict.kind == "lost" else []
+        self._end(f"no training progress for {silent:.0f} s {self._when()}: {verdict.finding}",
+                  f"certain, not a limit: {_CERTAIN[verdict.kind]}", then=lambda: peers.wake(lost))
+
+    def _leave_quietly(self):
+        """Another rank has printed the job's line and ends it: this rank follows within
+        QUIET_EXIT_SECONDS, with no line of its own, whether or not its launcher ends it first (srun
+        sends SIGTERM, which a rank waiting in a collective cannot act on, and kills only after
+        its KillWait). Not while this rank says its own line (a failure it reports, or the watchdog's)."""
+        time.sleep(QUIET_EXIT_SECONDS)
+        if self.speaking or failures.REPORTING.is_set():
+            return
+        self._dump("another rank spoke")
+        teardown.end_own_children()
+        os._exit(WATCHDOG_EXIT)
+
+    def _end(self, cause, why, then=None):
+        """This rank's one line for the job, its flight record, and its exit; the launcher ends the rest.
+        ``then()``: once the others know the line is out (the judge wakes the frozen ranks it named)."""
+        self.speaking = True
+        self._dump("the watchdog")
+        print(f"rank {self.rank}: error: {cause}; aborting ({why})", file=sys.stderr, flush=True)
+        if self.peers is not None:  # the others add no line of their own
+            self.peers.announce_reported()
+        if then is not None:
+            then()
+        # Whatever the heartbeat heard (a lost node may be one it never heard): the
+        # launcher of this rank's node must end, and may wait forever for a cut-off node.
+        teardown.end_a_stuck_launcher()
+        teardown.end_own_children()
+        os._exit(WATCHDOG_EXIT)
+
+    def _waited(self, silent):
+        """Seconds this rank's training thread has waited for a collective to complete (the recorder's),
+        else ``silent``."""
+        since = flight.RECORDER.waits_since if flight.RECORDER is not None else None
+        return silent if since is None else time.monotonic() - since
+
+    def _holds(self, silent, limit):
+        """Does this rank, busy outside any collective for ``silent`` s, hold the job? Yes where others
+        have waited for it longer than ``limit``, or in a phase or under a fixed limit (its own time
+        is what is limited), or past the phases' limit; not where nobody waits (a long step everywhere).
+        Without a heartbeat to ask (none answered), yes as soon as a rank with peers passes the limit."""
+        if self.fixed or self.current_phase or self.step_number is None or silent > self.phase_timeout:
+            return True
+        waited = self.peers.others_waited() if self.peers is not None else None
+        if waited is None:
+            return self.size != 1
+        return waited > limit
 
     def _peers_lost(self):
         """Inside a long phase or before the first step: this rank waits in a collective
@@ -194,9 +273,11 @@ class Watchdog:
             return (f"no training progress for {silent:.0f} s {self._when()}: waiting in a collective for "
                     f"another rank that is frozen, deadlocked or dead" + (f"; {missing}" if missing else ""))
         others = self.peers.summary if self.peers is not None else ""
+        waited = self.peers.others_waited() if self.peers is not None else None
         stuck = "in its data loader" if doing == "data loader" else "outside any collective"
         return (f"no training progress for {silent:.0f} s {self._when()}: this rank's main thread is stuck "
-                f"{stuck}, at {place}" + (f", while {others}" if others else ""))
+                f"{stuck}, at {place}" + (f", while {others}" if others else "")
+                + (f" for {waited:.0f} s: rank {self.rank} on {this_host()} holds the job" if waited else ""))
 
     def _divergence(self):
         """A listener that heard every rank: which ranks wait in which collective and which rank is
@@ -218,6 +299,13 @@ class Watchdog:
 
     def _when(self):
         return "before the first step" if self.step_number is None else f"after step {self.step_number}"
+
+
+_CERTAIN = {  # why a judged line needs no limit (judge.Verdict.kind)
+    "exited": "a rank that exited never joins",
+    "lost": f"a rank not heard for {SILENT_SECONDS:g} s (four beats) is frozen, dead or cut off",
+    "deadlocked": "no collective is in flight on every rank, and a waiting rank makes no other",
+}
 
 
 def from_env(rank):

@@ -258,11 +258,14 @@ def _recorded_submission(submit, op, recorder):
 
 def _recorded_completion(synchronize, recorder):
     def recorded(handle):
+        recorder.wait_started()
         try:
             output = synchronize(handle)
         except Exception:
             recorder.failed_at(handle)
             raise
+        finally:
+            recorder.wait_ended()
         recorder.completed(handle)
         return output
     return recorded

@@ -71,7 +71,7 @@ class Context:
     def follow_world(self):
         """This worker's rank and size in the current world: after an --elastic reset they change."""
         self.rank, self.size, self.local_rank, self.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
-        self.watchdog.rank = self.rank
+        self.watchdog.rank, self.watchdog.size = self.rank, self.size
         self.gathered_placement = None  # another world: gathered again where it is needed
         flight.note_world(self.rank)
 
@@ -209,6 +209,7 @@ def setup(use_cuda=True, threads=None, elastic=False):
 
     ctx = Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
                   device=device, watchdog=watchdog_module.from_env(hvd.rank()))
+    ctx.watchdog.size = ctx.size  # a rank alone holds nobody up (watchdog.Watchdog._holds)
     # Every collective from here on (Horovod's, the gradients', a user's) in the flight recorder
     if flight.enabled(os.environ):
         collectives.record_into(flight.install(ctx.rank))
