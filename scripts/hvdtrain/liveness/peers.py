@@ -132,9 +132,9 @@ class Peers:
         now = time.monotonic()
         return {rank: now - heard for rank, heard in self.heard.items() if now - heard > seconds}
 
-    def who_is_silent(self):
+    def who_is_silent(self, seconds=SILENT_SECONDS):
         """A listener: "not heard from ranks 12-15 (all 4 on node-d) for 61 s: frozen, dead or cut off", or ""."""
-        silent = self.silent_ranks()
+        silent = self.silent_ranks(seconds)
         if not silent:
             return ""
         return (f"not heard from {self.ranks_by_node(silent)} for {min(silent.values()):.0f} s: "
@@ -171,8 +171,17 @@ class Peers:
         now = time.monotonic()
         received = {rank: self.heard.get(rank, now) for rank in statuses}
         received[self.rank] = now
-        return judging.verdict(statuses, received, len(self.hosts), self.who_is_silent,
+        return judging.verdict(statuses, received, len(self.hosts), self.who_fell_silent,
                                lambda: self.who_exited(statuses), rank_list)
+
+    def who_fell_silent(self):
+        """who_is_silent once a rank has been silent for SILENT_SECONDS, naming with it every rank that fell
+        silent within a beat of it: a node's ranks stop together, and their last beats are up to a beat apart."""
+        return self.who_is_silent(SILENT_SECONDS - BEAT_SECONDS) if self.silent_ranks() else ""
+
+    def fell_silent(self):
+        """The ranks who_fell_silent names."""
+        return list(self.silent_ranks(SILENT_SECONDS - BEAT_SECONDS)) if self.silent_ranks() else []
 
     def wake(self, ranks):
         """SIGCONT the processes of ``ranks`` on this node (frozen ones, judged lost): woken, each reads

@@ -183,7 +183,7 @@ class Watchdog:
         if verdict is None:
             return
         silent = time.monotonic() - self.last_beat
-        lost = list(peers.silent_ranks()) if verdict.kind == "lost" else []
+        lost = peers.fell_silent() if verdict.kind == "lost" else []
         self._end(f"no training progress for {silent:.0f} s {self._when()}: {verdict.finding}",
                   f"certain, not a limit: {_CERTAIN[verdict.kind]}", then=lambda: peers.wake(lost))
 
