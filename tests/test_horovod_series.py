@@ -68,7 +68,9 @@ def plain_script():
             env.pop("OMPI_MCA_mpi_yield_when_idle")
         ran = horovodrun(1, [REPO / "tests" / "workers" / "plain_horovod.py"], timeout=60, transport=transport, env=env)
         assert ran.returncode == 0, ran.describe()
-        said[kind] = json.loads(re.search(r"^(?:\[[\d,]+\]<stdout>:)?(\{.*\})$", ran.output, re.M).group(1))
+        line = re.search(r"^(?:\[[\d,]+\]<stdout>:)?(\{.*\})$", ran.output, re.M)
+        assert line, f"{kind}: no JSON line of its own\n{ran.describe()}"
+        said[kind] = json.loads(line.group(1))
     return said
 
 

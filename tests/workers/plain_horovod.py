@@ -12,6 +12,7 @@ run under `horovodrun --mpi` or `--gloo`: what the installed build set for it. O
 import ctypes
 import json
 import os
+import sys
 
 import horovod.torch as hvd
 
@@ -35,5 +36,9 @@ for block in blocks:
     ctypes.memset(block, 1, BLOCK)  # resident: every page touched
 for block in reversed(blocks):
     libc.free(block)
-print(json.dumps({"rank": hvd.rank(), "yields": yields, "kept_mb": round(resident_mb() - before, 1),
-                  "cycle_ms": os.environ.get("HOROVOD_CYCLE_TIME")}), flush=True)
+said = json.dumps({"rank": hvd.rank(), "yields": yields, "kept_mb": round(resident_mb() - before, 1),
+                   "cycle_ms": os.environ.get("HOROVOD_CYCLE_TIME")})
+# One write: unbuffered (PYTHONUNBUFFERED=1), print() writes the line and its newline apart, and
+# mpirun's output tags each read, so under load the tag landed between them (the line unparseable)
+sys.stdout.write(said + "\n")
+sys.stdout.flush()
