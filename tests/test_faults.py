@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from support.checkpoints import checkpoint_file
-from support.checks import is_error_line, ok, only_an_error_line, the_error_line
-from support.fault_cells import CERTAIN, EVALUATION, FAULTS, LAUNCHERS, LIMITS, TRAIN, limit, run_cell
+from support.checks import error_lines, is_error_line, ok, only_an_error_line, the_error_line
+from support.fault_cells import CERTAIN, EVALUATION, FAULTS, LAUNCHERS, LIMITS, TRAIN, run_cell
 from support.launch import horovodrun, python
 from support.needs import require_module, require_program
 
@@ -130,10 +130,11 @@ def test_a_fault_on_one_rank_under_srun_ends_the_job_fast_with_one_line(srun_mat
 
 def assert_ended_fast_with_one_line(cell, fault):
     assert not cell.timed_out and cell.returncode not in (0, None), cell.describe()
-    assert cell.seconds_after_fault < limit(fault, cell.launcher), cell.describe()
+    assert cell.seconds_after_fault < LIMITS[fault], cell.describe()
     if fault in ("stop", "diverge"):  # with the default limits: the heartbeat's judgement, not a limit
         assert "certain, not a limit" in cell.message, cell.describe()
     assert cell.message, f"no line naming the rank and the cause:\n{cell.describe()}"
+    assert len(error_lines(cell.output)) <= 1, f"one fault, more than one line:\n{cell.describe()}"
     assert not cell.wall(), f"a traceback wall:\n{cell.wall()}\n{cell.describe()}"
     stray = [line for line in cell.output.splitlines() if "HorovodInternalError" in line and not is_error_line(line)]
     assert not stray, cell.describe()

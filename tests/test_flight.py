@@ -106,6 +106,23 @@ def test_the_divergence_of_1024_ranks_is_one_line_of_ranges():
     assert "rank 900 is in its data loader (at their.py:40 in __getitem__)" in line and len(line) < 400, line
 
 
+def test_a_collective_one_rank_completed_is_no_deadlock_while_another_waits_in_it():
+    """The judge calls a deadlock certain only where every waiting rank stopped at one position of
+    the sequence: a collective one rank has completed and another still waits in was submitted by
+    every rank, so it can complete. (Under srun with two jobs starting at once, rank 0 waited 5 s in
+    allgather #12 while rank 1, past it, waited in #13: the judge ended the job as rank-divergent.)"""
+    from hvdtrain.liveness import judge, peers
+
+    def waiting(rank, seq, name, line):
+        return {"rank": rank, "seq": seq, "first": seq, "op": "allgather", "name": name, "blocked": 5.0,
+                "where": f"train_cnn.py:{line}", "detail": "int64[2]", "keys": [f"allgather {name}"]}
+    statuses = {0: waiting(0, 12, "agree_on_errors.t", 140), 1: waiting(1, 13, "rank_fingerprint_digests", 143)}
+    received = dict.fromkeys(statuses, 100.0)
+    assert judge.verdict(statuses, received, 2, str, str, peers.rank_list) is None
+    statuses[0] = waiting(0, 13, "a_metric_rank_0_alone", 150)  # at one position, none in common: certain
+    assert judge.verdict(statuses, received, 2, str, str, peers.rank_list).kind == "deadlocked"
+
+
 @pytest.mark.parametrize("ranks, per_node", [(32, 4), pytest.param(1024, 8, marks=pytest.mark.scale)])
 def test_liveness_at_many_ranks_by_simulation(tmp_path, ranks, per_node):
     """The heartbeat, the statuses and the finding, the liveness code itself in lightweight processes

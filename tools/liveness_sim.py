@@ -12,7 +12,7 @@ CPU time is its own. Three phases, timed from rank 0's side:
 
 1. steady state: rank 0's CPU (a fraction of one core) and the datagrams and bytes it
    receives per second;
-2. a rank-divergent collective: every rank stops in its next collective, one rank in another
+2. a rank-divergent collective: every rank stops at one step in its collective, one rank in another
    one (``user.metric``); how long until rank 0's judge (Peers.judge, liveness/judge.py, over
    the statuses it heard) finds the deadlock certain and names that rank, and the finding's length;
 3. a lost node: one node's process killed (SIGKILL); how long until rank 0's judge names exactly
@@ -38,6 +38,14 @@ from hvdtrain.liveness import judge, peers, recorder  # noqa: E402  (no torch, n
 
 STEP_SECONDS = 0.2
 ODD_ONE_OUT = "user.metric"
+DIVERGE_AFTER_STEPS = 3  # the divergence's step: this many after rank 0 asks for it, the same on every rank
+BASE = int(time.time() / STEP_SECONDS)  # step 0 of every simulated rank (set before the processes fork)
+
+
+def step_now():
+    """The simulated job's step now: every rank steps in time with the clock, as collectives keep real
+    ranks in step, so that each rank's k-th step makes the same collectives under the same numbers."""
+    return int(time.time() / STEP_SECONDS) - BASE
 
 
 def parse_args():
@@ -54,7 +62,7 @@ class SimulatedRank:
     """A rank's training thread: steps of a few collectives, recorded; it stops when told."""
 
     def __init__(self, rank, ranks, per_node, port, diverge):
-        self.rank, self.diverge = rank, diverge
+        self.rank, self.diverge = rank, diverge  # diverge: a shared step number, 0 until asked for
         self.waiting = False
         self.flight = recorder.FlightRecorder(rank, place=self.place)
         hosts = [f"node{r // per_node}" for r in range(ranks)]
@@ -77,10 +85,11 @@ class SimulatedRank:
         return (self.waiting, "train_sim.py:42 in step" if self.waiting else "train_sim.py:40 in step", "compute")
 
     def train(self):
-        step = 0
+        step = step_now()
         while True:
             step += 1
-            diverging = self.diverge.is_set()
+            self.flight.seq = 2 * step  # two records a step (the gradients, the vote): numbered alike on every rank
+            diverging = 0 < self.diverge.value <= step
             names = [ODD_ONE_OUT] if diverging and self.rank == self.odd_one_out else ["grad.fc.weight", "grad.fc.bias"]
             handles = [object() for _ in names]
             for handle, name in zip(handles, names):
@@ -90,7 +99,7 @@ class SimulatedRank:
                 self.waiting = True
                 self.flight.wait_started()
                 return
-            time.sleep(STEP_SECONDS)
+            time.sleep(max(0.0, (BASE + step + 1) * STEP_SECONDS - time.time()))  # to the next step's start
             for handle in handles:
                 self.flight.completed(handle)
             vote = object()
@@ -135,8 +144,9 @@ def root(args, diverge, odd_one_out, lost_node, ready, go, results):
               "datagrams_per_second": (me.peers.received[0] - datagrams) / seconds,
               "bytes_per_second": (me.peers.received[1] - size) / seconds}
     # Phase 2: a rank-divergent collective.
-    diverge.set()
-    started, finding = time.monotonic(), None
+    diverge.value = step_now() + DIVERGE_AFTER_STEPS
+    started = time.monotonic() + (BASE + diverge.value) * STEP_SECONDS - time.time()  # when every rank stops
+    finding = None
     while time.monotonic() - started < 30:
         verdict = me.peers.judge()
         finding = verdict.finding if verdict is not None and verdict.kind == "deadlocked" else None
@@ -166,7 +176,7 @@ def main():
     if args.ranks % args.per_node or args.ranks < 2 * args.per_node:
         raise SystemExit("liveness_sim.py: error: --ranks must be a multiple of --per-node, two nodes at least")
     context = multiprocessing.get_context("fork")
-    diverge, go, results = context.Event(), context.Event(), context.Queue()
+    diverge, go, results = context.Value("l", 0), context.Event(), context.Queue()
     nodes = args.ranks // args.per_node
     odd_one_out, lost_node = args.ranks // 2 + 5, nodes - 2  # a rank mid-job, a node not rank 0's or the deputy's
     ready = context.Semaphore(0)

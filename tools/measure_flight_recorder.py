@@ -78,9 +78,10 @@ def main():
 
 
 def time_spent_in(recorder):
-    """[seconds, calls] inside the recorder's submitted and completed (wrapped with a timer)."""
+    """[seconds, calls] inside the recorder's submitted, completed, wait_started and wait_ended (the
+    synchronize hook's two calls), each wrapped with a timer."""
     spent = [0.0, 0]
-    for name in ("submitted", "completed"):
+    for name in ("submitted", "completed", "wait_started", "wait_ended"):
         method = getattr(recorder, name)
 
         def timed(*args, _method=method, **kwargs):

@@ -25,16 +25,6 @@ LAUNCHERS = ("horovodrun --gloo", "horovodrun --mpi", "mpirun", "srun")
 # A rank alive and busy (deadlock) holds the job until the watchdog's limit; an exception ends it at once.
 LIMITS = {"stop": 15, "deadlock": 120, "kill": 5, "raise": 60, "diverge": 10}
 CERTAIN = ("stop", "kill", "diverge")
-# horovodrun --gloo ends a rank's shell by SIGSTOP then SIGTERM, which a stopped shell holds until
-# the SIGKILL 5 s later (Horovod's safe_shell_exec, GRACEFUL_TERMINATION_TIME_S): every job it must
-# end itself (a rank frozen or dead, not one that ended on its own) takes that long more.
-GLOO_TEARDOWN_SECONDS = 5
-
-
-def limit(fault, launcher):
-    """Seconds from ``fault`` to the end of the job under ``launcher`` (LIMITS, and Horovod's teardown)."""
-    extra = GLOO_TEARDOWN_SECONDS if launcher == "horovodrun --gloo" and fault in ("stop", "kill") else 0
-    return LIMITS[fault] + extra
 FAULT_STEP = 20  # in the first epoch (44 steps of 2 x 16 digits)
 EVALUATION = "step=44,phase=evaluating"  # as rank 1 enters the first epoch's evaluation
 TRAIN = [SCRIPTS / "train_cnn.py", "--model", "convnet", "--image-size", "8", "--epochs", "3"]
@@ -108,9 +98,12 @@ def run_cell(fault, launcher, out_dir, env=None, cluster=None, where=None, hold_
             ran = horovodrun(2, args, LAUNCH_TIMEOUT, transport=launcher.split("--")[1], env=env)
             returncode, output, timed_out = ran.returncode, ran.output, ran.timed_out
     ended = time.time()
-    injected = _INJECTED.search(output)
-    return Cell(fault, launcher, returncode, ended - started,
-                ended - float(injected.group(1)) if injected else float("nan"), output, timed_out)
+    return Cell(fault, launcher, returncode, ended - started, ended - injected_at(output), output, timed_out)
+
+
+def injected_at(output):
+    """When the first rank of ``output`` injected its fault (time.time()), NaN if none did."""
+    return min((float(at) for at in _INJECTED.findall(output)), default=float("nan"))
 
 
 def _slurm_job(cluster, args, env, out_dir):

@@ -88,8 +88,8 @@ def report(error):
         detail = witness.on_mismatch() if is_mismatch(error) else witness.on_peer_failure()
     if detail is not None:
         print(failure_line(error, who, detail), file=sys.stderr, flush=True)
-        if witness:
-            witness.announce_reported()
+        if _witness:  # the job's line is out: no rank adds one when this rank's exit fails its collective
+            _witness.announce_reported()
     # A normal exit (atexit: the run lock, Horovod's shutdown), unless the shutdown
     # waits on a peer that is gone.
     teardown.end_own_children()  # its DataLoader workers would hold the job's output open for 5 s

@@ -11,10 +11,11 @@ certain while a rank waits in a collective (its training thread inside Horovod's
 - **lost**: a rank has not been heard for SILENT_SECONDS (four beats): frozen,
   dead on another node or cut off; whoever waits for it waits forever;
 - **deadlocked**: every rank waits in a collective, all were waiting at one
-  moment, and no collective is in flight on every rank (another name, another
-  op, or one rank's next one): a collective completes only once every rank has
-  submitted it, and a rank whose training thread waits submits nothing more, so
-  none can ever complete.
+  moment, at one position of their sequences, and no collective is in flight on
+  every rank (another name, another op, or one rank's next one): a collective
+  completes only once every rank has submitted it, and a rank whose training
+  thread waits submits nothing more, so none can ever complete. (A rank whose
+  oldest collective in flight another rank has completed will complete it.)
 
 Anything less certain (a rank alive and busy in its own code while the others
 wait for it) is the progress watchdog's, after its limit (watchdog.py): the
@@ -71,6 +72,10 @@ def verdict(statuses, received, size, lost_text, exited_text, rank_list):
         return None
     if set.intersection(*map(set, keys)):
         return None  # a collective every rank made: it can still complete
+    if len({statuses[rank]["first"] for rank in statuses}) > 1:
+        # A rank past another's oldest collective in flight completed it, so every rank submitted it: it
+        # can still complete (a collective completes rank by rank; under load one rank took 5 s more).
+        return None
     finding = flight.divergence(statuses, rank_list)
     return Verdict("deadlocked", f"{finding} ({what_differs(statuses)})", longest) if finding else None
 

@@ -284,11 +284,16 @@ class Peers:
                     pass
 
     def _name_the_lost(self):
-        exited = self.who_exited(self.heard_statuses())
-        if exited:  # a process on this node that is gone: no need to wait for it to fall silent
-            return exited
         deadline = time.monotonic() + LOST_AFTER_SECONDS + BEAT_SECONDS
         while not self.silent_ranks(LOST_AFTER_SECONDS) and time.monotonic() < deadline:
+            # A process on this node that is gone: no need to wait for it to fall silent. Asked
+            # again each time: a killed process's sockets close (failing this rank's collective)
+            # before the process is gone, and once that took the launcher's whole grace (5 s).
+            if self.reported.is_set():
+                return None
+            exited = self.who_exited(self.heard_statuses())
+            if exited:
+                return exited
             if self.reported.wait(0.2):
                 return None  # the rank that ended the job said why itself
         if self.silent_ranks(LOST_AFTER_SECONDS):
