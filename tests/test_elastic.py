@@ -191,6 +191,32 @@ def test_a_killed_worker_on_a_host_with_three_slots_is_restarted_without_waiting
     assert resets["max_s"] < GLOO_TIMEOUT_SECONDS, resets
 
 
+CRASHING = REPO / "tests" / "workers" / "crashing.py"
+
+
+@pytest.mark.parametrize("failures", ["far apart", "a crash loop"])
+def test_a_host_leaves_for_failures_close_together_never_for_their_count_over_the_job(
+        need_horovod, tmp_path, failures):
+    """One host, two slots; the worker in slot 1 keeps failing (tests/workers/crashing.py).
+    Far apart: four failures, each worker living 3 s, under a failure window of 2 s: the host
+    keeps its slot and the job finishes (it stopped at the third: the driver counted a host's
+    failures over the job's whole life, so a long job on a node that loses a rank now and then
+    ended). A crash loop: the new worker fails at once each time; under the default window
+    (HOROVOD_ELASTIC_HOST_FAILURE_WINDOW, 45 s) the third failure takes the host out, in one line."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "localhost slots=2")
+    if failures == "far apart":
+        ran = ok(launch(elastic_command(hostfile, 2, [CRASHING, out, 4, 3]), timeout=150,
+                        env={"HOROVOD_ELASTIC_HOST_FAILURE_WINDOW": "2"}))
+        assert len(list(out.glob("failed-*"))) == 4 and "blacklisting" not in ran.output, ran.describe()
+    else:
+        ran = launch(elastic_command(hostfile, 2, [CRASHING, out, 10, 0]), timeout=150)
+        assert ran.returncode not in (0, None) and not ran.timed_out, ran.describe()
+        assert len(list(out.glob("failed-*"))) == 3, ran.describe()
+        said = re.findall(r"host localhost: 3 of its workers have failed within 45 s .*-> blacklisting it", ran.output)
+        assert len(said) == 1, ran.describe()
+
+
 STANDBY = REPO / "tests" / "workers" / "standby.py"
 LATE_START_SECONDS = 6  # a worker started while the job trains takes this long to reach hvd.init()
 

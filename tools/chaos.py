@@ -59,9 +59,10 @@ embedded corpus prepared by the tool with length bins and static masking) instea
 every rank records the instances it trains (HVDTRAIN_RECORD_INSTANCES), and every
 epoch but the last must hold each instance once, the last none twice.
 
-HOROVOD_ELASTIC_HOST_FAILURE_LIMIT is raised for these runs: its default (3) takes
-a host out at its third failed worker, the policy for a node that keeps crashing,
-which on one host would end the job at the third fault (docs/launching.md).
+HOROVOD_ELASTIC_HOST_FAILURE_LIMIT is raised for these runs: its default takes a host
+out when 3 of its workers fail within 45 s, the policy for a node in a crash loop, and
+exponential intervals bunch faults (on one host at T = 15 s, 4 faults in 5 have two more
+within the next 45 s; at T = 60 s, 1 in 6: docs/launching.md).
 
     .venv/bin/python tools/chaos.py --ranks 8 --interval 60 30 15 --epochs 80 \\
         --json runs/chaos.json --plot runs/chaos.png
