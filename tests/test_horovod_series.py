@@ -95,6 +95,21 @@ def test_a_plain_script_under_gloo_on_a_cpu_node_negotiates_every_10_ms(plain_sc
     assert plain_script["defaults"]["cycle_ms"] is None, plain_script  # MPI: the stock cycle
 
 
+def test_a_second_hvd_init_sums_a_group_as_the_first(need_horovod):
+    """Patch 0029: a second hvd.init() in a process (every survivor of an elastic reset makes one)
+    wrote the default cycle time into the fusion threshold's place once the cycle time had been
+    fixed (patch 0026's 10 ms, or HOROVOD_CYCLE_TIME): 1 MB. A group of gradients over 1 MB was
+    then split, and from three ranks on summed in another order: 11,252 of 281,408 elements
+    differed, and an elastic ResNet-20 trained other weights after a reset and slower. With
+    HOROVOD_FUSION_THRESHOLD set too the write fell outside the vector (a segfault)."""
+    for threshold in (None, str(64 * 1024 * 1024)):
+        env = launch_env({"HOROVOD_FUSION_THRESHOLD": threshold} if threshold else {})
+        ran = horovodrun(3, [REPO / "tests" / "workers" / "reinit_allreduce.py"], timeout=90, transport="gloo", env=env)
+        assert ran.returncode == 0, ran.describe()
+        line = re.search(r"^(?:\[[\d,]+\]<stdout>:)?(\{.*\})$", ran.output, re.M)
+        assert line and json.loads(line.group(1))["differing"] == 0, ran.describe()
+
+
 @pytest.mark.scale
 def test_horovods_own_suites_fail_only_where_a_patch_says_so(need_horovod, need_mpi, tmp_path):
     """make test-horovod: Horovod's v0.28.1 suites (elastic driver, discovery, elastic torch,

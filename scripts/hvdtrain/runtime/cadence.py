@@ -48,7 +48,7 @@ class CheckpointManager:
         with around_save(self.checkpointer.parts()):  # the hooks' collectives once for both
             # The commit first: once a checkpoint of this step is on disk, every rank holds its commit too.
             if commit:
-                self.commits.save()
+                self.commits.commit_step(step)
             if checkpoint:
                 self.checkpointer.write(step, self.settings, is_best)
         if stopping or last:  # the launch ends: its checkpoint on disk first (--checkpoint-write async)

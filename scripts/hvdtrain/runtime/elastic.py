@@ -99,6 +99,19 @@ class Commits(State):
         if self.enabled:
             self.saved = {name: copy.deepcopy(part.state_dict()) for name, part in self._parts().items()}
 
+    def commit_step(self, step):
+        """The commit of ``step``, just trained, inside checkpoint.around_save (whose hooks put the
+        ranks' shared state in the components). Per-rank components with ``at_commit(step, rank)``
+        first make their state one that a lost worker's replacement, or a survivor given another
+        rank, can be given: the shared state (batchnorm.RankStatistics), or one derived from the
+        step and the rank (rng.RngState). The host check follows (``check_host_updates``, outside
+        the save; Horovod's own ``commit`` does both at once)."""
+        if self.enabled:
+            for part in self.checkpointer.per_rank.values():
+                if hasattr(part, "at_commit"):
+                    part.at_commit(step, dist.world_rank())
+        self.save()
+
     def on_worker_ended(self, text):
         """Horovod's driver (the project's patch), to rank 0: it is ending a worker that answered
         nothing, named in ``text``; this rank's line of the reset says so, and the driver adds none."""
@@ -159,7 +172,12 @@ class Commits(State):
                     part.load_state_dict(received[name])
             self.started = received["started"]
         self._reset_phase.close()
-        self.save()
+        if self.started:
+            # The commit every rank went back to, as this world's ranks hold it: derived for a new
+            # worker, or for a survivor given another rank, as the run without the reset derived it.
+            self.commit_step(self.checkpointer.shared["train_state"].step)
+        else:
+            self.save()
 
     def reset(self):
         """After every reset, once the new world has formed (Horovod's ``on_reset``): the reset's

@@ -58,6 +58,16 @@ class RngState:
     def load_resized(self, entries, rank, step):
         """A resumed run on another number of ranks: no old rank's generator is this rank's, so it
         is derived from (seed, step, rank), the same for any relaunch of this resize."""
+        self._derive(step, rank)
+
+    def at_commit(self, step, rank):
+        """--elastic, at a commit: the generators derived afresh from (seed, step, rank). A worker
+        lost after it takes its generators with it, and a reset may give a survivor another rank
+        (rank 0 stays on a live worker); derived from the rank, what each rank draws after the
+        commit is what the run without the reset draws (dropout, masks)."""
+        self._derive(step, rank)
+
+    def _derive(self, step, rank):
         seed_everything(int(np.random.SeedSequence([self.seed, step, rank]).generate_state(1)[0]))
 
     def state_dict(self):

@@ -99,7 +99,7 @@ class Run:
         else:
             begun = "resumed" if self._start() else "fresh"
             self.commits.started = True
-            self.commits.save()  # --elastic: a reset before the first commit goes back to this state
+            self.commits.commit_step(self.state.step)  # --elastic: a reset before the first commit goes back here
         return begun
 
     def _start(self):

@@ -3,7 +3,9 @@
 Without SyncBatchNorm each rank's running statistics follow its own shard. The
 saved and evaluated model uses their average (rank 0's alone would make the
 reported accuracy not the saved model's), while each rank keeps its own between
-epochs, so that a resumed run continues exactly like an uninterrupted one.
+epochs, so that a resumed run continues exactly like an uninterrupted one. Under
+--elastic every rank takes the average at each commit (a worker that replaces a
+lost one can be given nothing else).
 """
 import torch
 
@@ -40,6 +42,14 @@ class RankStatistics:
     def before_save(self):
         self.own = [tensor.clone() for _, tensor in _statistics(self.model)]
         average_statistics(self.model)
+
+    def at_commit(self, step, rank):
+        """--elastic, at a commit (inside a save: the model holds the ranks' average): every rank
+        takes the average as its own. A lost rank takes its own statistics with it, and the worker
+        that replaces it gets those of the rank the state comes from; with every rank's the same
+        at the commit, a reset that returns to the same size trains on exactly as the run without
+        it (with each rank's own kept, the sync gave every rank that one rank's: other weights)."""
+        self.own = [tensor.clone() for _, tensor in _statistics(self.model)]
 
     def after_save(self):
         for (_, tensor), value in zip(_statistics(self.model), self.own):
