@@ -48,8 +48,11 @@ class RankStatistics:
         takes the average as its own. A lost rank takes its own statistics with it, and the worker
         that replaces it gets those of the rank the state comes from; with every rank's the same
         at the commit, a reset that returns to the same size trains on exactly as the run without
-        it (with each rank's own kept, the sync gave every rank that one rank's: other weights)."""
-        self.own = [tensor.clone() for _, tensor in _statistics(self.model)]
+        it (with each rank's own kept, the sync gave every rank that one rank's: other weights).
+        Outside a save (the sync after a reset, the run's start) the model already holds what
+        the commit holds."""
+        if self.own is not None:
+            self.own = [tensor.clone() for _, tensor in _statistics(self.model)]
 
     def after_save(self):
         for (_, tensor), value in zip(_statistics(self.model), self.own):
