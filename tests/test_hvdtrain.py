@@ -365,7 +365,7 @@ class _Recorder:
     def due(self, step):
         return step % self.commit_every == 0
 
-    def save(self):
+    def commit_step(self, step):
         self.did.append("commit")
 
     def check_host_updates(self):
