@@ -24,7 +24,7 @@ def rows(directory, drop=("images_per_sec", "images_per_sec_per_worker", "epoch_
     return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in lines]
 
 
-@pytest.mark.scale  # the per-tensor transport it needs: test_node_local_checkpoint_is_sent_tensor_by_tensor
+@pytest.mark.scale  # the raw-bytes transport it needs: test_a_node_local_checkpoint_is_sent_from_rank_0_as_raw_bytes
 def test_a_checkpoint_over_2_gib_restores_on_every_rank(tmp_path):
     """600M float32 elements: 2.4 GB, which hvd.broadcast_object cannot send (32-bit size)."""
     elements = ["--elements", str(600_000_000)]
@@ -37,7 +37,7 @@ def test_a_checkpoint_over_2_gib_restores_on_every_rank(tmp_path):
         print(line)  # restore time and peak RSS per rank, for the record
 
 
-def test_node_local_checkpoint_is_sent_tensor_by_tensor(tmp_path):
+def test_a_node_local_checkpoint_is_sent_from_rank_0_as_raw_bytes(tmp_path):
     """Only rank 0 sees the file, written in the background while the weights change: every dtype
     arrives bit-exact as saved, per-rank state too."""
     ok(horovodrun(2, [ROUNDTRIP, tmp_path, "save", "--node-local", "--write", "async"], timeout=120))

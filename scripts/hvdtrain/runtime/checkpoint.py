@@ -18,7 +18,8 @@ sends the pickle's size as a 32-bit int and holds several copies, so a 4 GB
 BERT-large checkpoint could not be restored. Rank 0 picks the file (skipping,
 and renaming, unreadable ones) and every rank that sees it loads it itself,
 memory-mapped (one copy per node in the page cache). Where some rank cannot see
-it (node-local output directories) rank 0 sends it tensor by tensor.
+it (node-local output directories) rank 0 sends its tensors as raw bytes, packed
+up to 64 MiB a broadcast.
 """
 import contextlib
 import time
@@ -208,7 +209,7 @@ class Checkpointer:
         visible = path.is_file() and path.stat().st_size == size
         if collectives.all_ranks_true(visible, name="checkpoint.visible"):
             return collectives.agree_on_errors(_load_or_fail, path)
-        # Node-local output directories: rank 0 sends the checkpoint, tensor by tensor.
+        # Node-local output directories: rank 0 sends the checkpoint, its tensors as raw bytes.
         self.ctx.print0(f"note: {path} is not visible on every rank; sending it from rank 0")
         return collectives.broadcast_state(load(path) if self.ctx.is_main else None)
 
