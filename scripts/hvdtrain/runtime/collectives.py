@@ -80,6 +80,11 @@ def sum_over_ranks(tensor, name):
     return hvd.allreduce(tensor, op=hvd.Sum, name=name)  # Horovod
 
 
+def max_over_ranks(tensor, name):
+    """The elementwise maximum of every rank's ``tensor``."""
+    return hvd.allreduce(tensor, op=hvd.Max, name=name)  # Horovod
+
+
 def average_over_ranks(tensors, name):
     """Every rank's ``tensors`` averaged, one fused allreduce for all of them (a list back)."""
     return hvd.grouped_allreduce(tensors, op=hvd.Average, name=name)  # Horovod
