@@ -28,7 +28,7 @@ from hvdtrain import cli, options
 from hvdtrain.data import bert_data, bert_elastic
 from hvdtrain.durations import SectionTimer
 from hvdtrain.errors import UsageError
-from hvdtrain.models import bert as bert_models  # transformers: loaded only where a model is built
+from hvdtrain.models import bert as bert_models  # transformers: loaded only where a model is built (--elastic: before hvd.init())
 from hvdtrain.runtime import collectives, consistency, dist, elastic, nonfinite, precision, rng
 from hvdtrain.runtime.checkpoint import Checkpointer
 from hvdtrain.runtime.metrics import SumMeter, Throughput, rate_text
@@ -164,6 +164,8 @@ def main(argv=None):
     args = parse_args(argv)
     elastic.check_launcher(args.elastic)
     startup = dist.before_init(args)  # quiet Ctrl-C, SIGTERM/SIGUSR1 a stop request, the variables hvd.init() reads
+    if args.elastic:  # a spare stands by in hvd.init(): the world that takes it waits for what it imports after
+        bert_models.import_transformers()
     # Horovod: initialize Horovod
     hvd.init()
     # Horovod: this rank's GPU (one per process), its share of the node's cores, its watchdog and heartbeat

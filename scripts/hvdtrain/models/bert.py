@@ -30,6 +30,13 @@ def config_from(values):
     return SimpleNamespace(**values)
 
 
+def import_transformers():
+    """transformers' BERT imported now, not at its first use (1.3 s of imports here). An --elastic
+    spare stands by in hvd.init(), and the world that takes its slot waits for all it does after:
+    the trainer imports it before."""
+    from transformers import BertConfig, BertForPreTraining  # noqa: F401
+
+
 def json_config(path, vocab_size):
     """A BertConfig from a JSON file; its vocab_size, if present, must match the data's."""
     from transformers import BertConfig
