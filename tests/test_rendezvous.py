@@ -7,6 +7,7 @@ of 5: connections beyond it were dropped and the kernel resent their SYNs after
 for about 70 (docs/scale.md). The Horovod patch listens with a backlog of 4096.
 """
 import collections
+import contextlib
 import json
 import re
 import threading
@@ -23,15 +24,32 @@ CLIENTS = 200
 SYN_RETRY_SECONDS = 1.0  # the kernel's first retransmission of a dropped connection
 
 
-def test_the_rendezvous_store_takes_every_rank_polling_at_once_without_a_dropped_connection(need_horovod):
+@contextlib.contextmanager
+def _a_store(handler=None):
+    """horovodrun's rendezvous store (``handler``: its request handler), serving in this process
+    until the block ends."""
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-    server = RendezvousHTTPServer(("127.0.0.1", 0), RendezvousHandler, 0)
+    server = RendezvousHTTPServer(("127.0.0.1", 0), handler or RendezvousHandler, 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/global/not-there-yet"
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _run_together(threads):
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def test_the_rendezvous_store_takes_every_rank_polling_at_once_without_a_dropped_connection(need_horovod):
     took = []
 
-    def poll():
+    def poll(url):
         started = time.monotonic()
         try:
             urllib.request.urlopen(url, timeout=30).read()
@@ -39,15 +57,9 @@ def test_the_rendezvous_store_takes_every_rank_polling_at_once_without_a_dropped
             pass  # 404: the key is not there yet, as when a rank polls for a late peer
         took.append(time.monotonic() - started)
 
-    clients = [threading.Thread(target=poll) for _ in range(CLIENTS)]
-    try:
-        for client in clients:
-            client.start()
-        for client in clients:
-            client.join()
-    finally:
-        server.shutdown()
-        server.server_close()
+    with _a_store() as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/global/not-there-yet"
+        _run_together([threading.Thread(target=poll, args=(url,)) for _ in range(CLIENTS)])
     retried = [round(seconds, 2) for seconds in took if seconds >= SYN_RETRY_SECONDS]
     assert len(took) == CLIENTS and not retried, \
         f"{len(retried)} of {CLIENTS} simultaneous requests waited for a resent SYN: {sorted(retried)[-5:]}"
@@ -58,7 +70,7 @@ def _a_world_through_a_counting_store(size, env):
     rendezvous store in this process, launched as horovodrun --gloo launches them: their runs and
     the GET requests the store answered for each key."""
     from horovod.runner.common.util.hosts import SlotInfo
-    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+    from horovod.runner.http.http_server import RendezvousHandler
 
     asked, lock = collections.Counter(), threading.Lock()
 
@@ -68,28 +80,19 @@ def _a_world_through_a_counting_store(size, env):
                 asked[self.path.split("/")[-1]] += 1
             super().do_GET()
 
-    server = RendezvousHTTPServer(("127.0.0.1", 0), Counting, 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    server.init([SlotInfo("localhost", rank, rank, 0, size, size, 1) for rank in range(size)])
     runs = [None] * size
 
-    def rank(number):
+    def rank(number, port):
         runs[number] = python([REPO / "tests" / "workers" / "reinit_allreduce.py"], timeout=90, env={
-            **env, "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.server_address[1]),
+            **env, "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
             "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "lo",
             "HOROVOD_HOSTNAME": "localhost", "HOROVOD_RANK": str(number), "HOROVOD_SIZE": str(size),
             "HOROVOD_LOCAL_RANK": str(number), "HOROVOD_LOCAL_SIZE": str(size),
             "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"})
 
-    ranks = [threading.Thread(target=rank, args=(number,)) for number in range(size)]
-    try:
-        for thread in ranks:
-            thread.start()
-        for thread in ranks:
-            thread.join()
-    finally:
-        server.shutdown()
-        server.server_close()
+    with _a_store(Counting) as server:
+        server.init([SlotInfo("localhost", number, number, 0, size, size, 1) for number in range(size)])
+        _run_together([threading.Thread(target=rank, args=(number, server.server_address[1])) for number in range(size)])
     return runs, asked
 
 
