@@ -286,8 +286,8 @@ class _NoStore:
 class _Answering:
     """A worker's notification client as the driver's probe sees it: it answers every ping."""
 
-    def answers(self, timeout):
-        return True
+    def reach(self, timeout, connect_timeout):
+        return "answered"
 
 
 class _ExitsWhileReadAsHeard(dict):

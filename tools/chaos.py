@@ -47,9 +47,9 @@ horovodrun's blacklist cooldown, and joins at the job's next commit).
 
 `--fault link` takes a random host's link down (not the launcher's host) for
 `--return-after` seconds: its workers alive, their packets lost. A cut shorter than
-HOROVOD_ELASTIC_UNRESPONSIVE_SECS is a pause (the collectives go on once TCP resends);
-a longer one has horovodrun's driver end the host's workers and the others go on
-without it until it is listed again. `--fault slow` holds a random worker to
+HOROVOD_ELASTIC_UNREACHABLE_SECS is a pause (the collectives go on once TCP resends);
+a longer one has horovodrun's driver leave the host's workers behind and the others go
+on without it until it is listed again. `--fault slow` holds a random worker to
 `--slow-share` of a core for `--return-after` seconds (a cgroup; root): a straggler
 that every step waits for. Each fault's `pause_s` is the longest stretch without a
 step from it to the next fault, whether the job reset or not.
@@ -96,7 +96,7 @@ DIGITS_TRAIN = 1438  # the digits samples train_cnn.py trains on (its fixed vali
 PROGRESS = re.compile(r"progress: step (\d+)/(\d+)")
 # What first says a fault was seen: the elastic reset's line, or the fixed-size job's one error line.
 DETECTED = re.compile(r"elastic: a worker was lost\b.*; back to the last commit|: error: "
-                      r"|elastic: (the worker|\d+ workers) of \S+ .*answered nothing for")
+                      r"|elastic: (the worker|\d+ workers) of \S+ .*(answered nothing|could not be reached) for")
 WORLD = re.compile(r"(\d+) (?:workers? x batch|rank\(s\), global batch)")  # train_cnn.py's, pretrain_bert.py's
 # Training's own lines, not a fault's: an epoch's summary (train_cnn.py), a logged step (pretrain_bert.py),
 # where an elastic BERT epoch goes on, a checkpoint written, the run's last line.
