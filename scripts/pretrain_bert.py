@@ -163,9 +163,10 @@ def resolved_settings(args, ctx, metadata, config, amp_dtype):
 def main(argv=None):
     args = parse_args(argv)
     elastic.check_launcher(args.elastic)
-    startup = dist.before_init(args)  # quiet Ctrl-C, SIGTERM/SIGUSR1 a stop request, the variables hvd.init() reads
-    if args.elastic:  # a spare stands by in hvd.init(): the world that takes it waits for what it imports after
-        bert_models.import_transformers()
+    # Quiet Ctrl-C, SIGTERM/SIGUSR1 a stop request, the variables hvd.init() reads; under --elastic
+    # transformers imported now (a spare stands by in hvd.init(): the world that takes it waits for what it
+    # imports after)
+    startup = dist.before_init(args, imports_ahead=[bert_models.import_transformers])
     # Horovod: initialize Horovod
     hvd.init()
     # Horovod: this rank's GPU (one per process), its share of the node's cores, its watchdog and heartbeat

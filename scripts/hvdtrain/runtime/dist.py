@@ -90,13 +90,19 @@ class Startup:
     profile_line: str = None
 
 
-def before_init(args):
+def before_init(args, imports_ahead=()):
     """A trainer's start-up before hvd.init(): Ctrl-C ends a rank without a traceback wall, SIGTERM and
     SIGUSR1 become a stop request (a checkpoint, exit 0: Run.step_done), and the variables hvd.init()
-    reads are set (``configure_horovod``). ``args``: options.add_run_arguments' and the precision's."""
+    reads are set (``configure_horovod``). ``args``: options.add_run_arguments' and the precision's.
+    ``imports_ahead``: under --elastic, calls that import now what the trainer's set-up after hvd.init()
+    would (``_import_ahead_of_standby``: torch's compiler always)."""
     exit_quietly_on_interrupt()
     stop_request = signals.StopRequest()
-    return Startup(args, stop_request, configure_horovod(args))
+    startup = Startup(args, stop_request, configure_horovod(args))
+    if args.elastic:
+        for import_ahead in imports_ahead:
+            import_ahead()
+    return startup
 
 
 def after_init(startup):
@@ -145,7 +151,8 @@ def _import_ahead_of_standby():
     started ahead of its slot, HOROVOD_ELASTIC_SPARES) stands by inside hvd.init(), and the world that
     takes it waits in the state sync for all it does after: torch imports its compiler at the first
     optimizer's construction (torch._compile's disable-dynamo wrapper), 1.0 of the trainers' 1.05 s
-    of set-up after hvd.init() on a 2-core AMD EPYC, more with 16 ranks on its cores."""
+    of set-up after hvd.init() on a 2-core AMD EPYC, more with 16 ranks on its cores. A trainer's own
+    (a model library's): ``before_init(args, imports_ahead=...)``."""
     import torch._dynamo  # noqa: F401
 
 
