@@ -320,6 +320,42 @@ def test_a_lost_workers_slot_goes_to_a_spare_standing_by(need_horovod, tmp_path)
         (round(longest_pause(first), 2), ran.describe())
 
 
+SLOW_START_SECONDS = 12  # a new worker's start past Gloo's timeout below
+SHORT_GLOO_TIMEOUT_SECONDS = 5
+
+
+def test_a_new_worker_slower_to_start_than_gloos_timeout_joins_once_started(need_horovod, tmp_path):
+    """Four slots, no spare: rank 0 is SIGKILLed and the new worker in its slot takes 12 s to
+    reach hvd.init(), past Gloo's timeout (5 s here; a loaded node and Horovod's 30 s do the
+    same). The survivors' wait for its keys runs out; they mark the world failed (Horovod patch
+    0032) and ask the driver for the next one; the late worker finds the mark at once, asks
+    too, and the world of four forms: a survivor pauses for about the start. Before, the late
+    worker formed the world alone with the keys the survivors had left in the store and, where
+    its pair with one of them was to be connected from that side, waited 5 x Gloo's timeout
+    for it before it asked for the next world (a pause of 40 s here; a BERT job on 2 cores
+    under the suite outlived its test's 180 s). Four ranks: a pair's side is drawn from its
+    ports, and three survivors make such a pair near certain."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "localhost slots=4")
+    killed, survivor = [], []
+
+    def rank_0_trained():
+        path = out / "steps-rank0.txt"
+        return path.exists() and len(path.read_text().splitlines()) >= 10 and (out / "steps-rank1.txt").exists()
+
+    def kill_rank_0():
+        survivor.append(standby_steps(out, 1)[0][1])
+        killed.append(os.kill(standby_steps(out, 0)[-1][1], signal.SIGKILL))
+
+    wait_then(rank_0_trained, kill_rank_0, 120)
+    ran = ok(launch(elastic_command(hostfile, 4, [STANDBY, out, SLOW_START_SECONDS, 4]), timeout=180,
+                    env={"HOROVOD_GLOO_TIMEOUT_SECONDS": str(SHORT_GLOO_TIMEOUT_SECONDS)}))
+    assert killed and "the new world did not form (Wait timeout" in ran.output, ran.describe()
+    steps = sorted(step for rank in range(4) for step in standby_steps(out, rank) if step[1] == survivor[0])
+    assert steps[-1][2] == 4 and longest_pause(steps) < SLOW_START_SECONDS + 3 * SHORT_GLOO_TIMEOUT_SECONDS, \
+        (round(longest_pause(steps), 2), ran.describe())
+
+
 def test_a_frozen_worker_is_ended_and_its_slot_gets_a_new_one(need_horovod, tmp_path):
     """Rank 1 of two is SIGSTOPped: nothing fails a stopped process (its connections stay
     open), so rank 0 waits in its allreduce and, after Gloo's timeout, at the next world's

@@ -1,14 +1,14 @@
 """Elastic Horovod worker for the standby tests: workers that are slow to start.
 
-    horovodrun ... python tests/workers/standby.py OUTPUT_DIR START_SECONDS
+    horovodrun ... python tests/workers/standby.py OUTPUT_DIR START_SECONDS [SIZE]
 
 Every rank steps (one allreduce, a commit, 0.1 s apart) and appends "TIME PID SIZE" to
 OUTPUT_DIR/steps-rank<R>.txt. Each process writes OUTPUT_DIR/started-<PID>.txt: the rank
 it was started as (-1: started ahead of its world by Horovod's driver, standing by for a
 slot). A process started once the job trains sleeps START_SECONDS before hvd.init(), a
 stand-in for Python and framework imports on a loaded node. Once the world has been through
-a reset (a slot added, a worker lost) and taken EXTRA_STEPS steps at 2 ranks since, every
-rank exits 0; after GIVE_UP_SECONDS, 1.
+a reset (a slot added, a worker lost) and taken EXTRA_STEPS steps at SIZE ranks (2) since,
+every rank exits 0; after GIVE_UP_SECONDS, 1.
 """
 import os
 import sys
@@ -24,6 +24,7 @@ GIVE_UP_SECONDS = 90
 
 def main():
     output_dir, start_seconds = Path(sys.argv[1]), float(sys.argv[2])
+    size = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / f"started-{os.getpid()}.txt").write_text(os.environ["HOROVOD_RANK"])
     training = output_dir / "training"
@@ -39,14 +40,14 @@ def main():
     def train(state):
         while state.steps_after_reset < EXTRA_STEPS:
             if time.monotonic() - started > GIVE_UP_SECONDS:
-                sys.exit(f"rank {hvd.rank()}: no reset to a world of 2 within {GIVE_UP_SECONDS} s")
+                sys.exit(f"rank {hvd.rank()}: no reset to a world of {size} within {GIVE_UP_SECONDS} s")
             # Horovod: a collective of every current rank; it also tells every rank whether any
             # has been through a reset (the state a reset restores is the last commit's).
             after_reset = hvd.allreduce(torch.tensor([float(reset_seen[0])]), op=hvd.Max, name="reset_seen").item()
             with open(output_dir / f"steps-rank{hvd.rank()}.txt", "a") as steps:
                 steps.write(f"{time.time():.3f} {os.getpid()} {hvd.size()}\n")
             training.touch()
-            if after_reset and hvd.size() == 2:
+            if after_reset and hvd.size() == size:
                 state.steps_after_reset += 1
             time.sleep(0.1)
             state.commit()  # Horovod: a new slot is let in at a commit
