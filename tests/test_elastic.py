@@ -461,6 +461,45 @@ def test_a_host_cut_off_is_named_once_and_left_behind_while_the_others_go_on(nee
     assert_every_epoch_complete(out, 2)
 
 
+def test_a_host_change_told_to_a_cut_off_rank_0_does_not_hold_the_reset(need_horovod, two_hosts, tmp_path):
+    """Rank 0 on hvd-b, two workers on hvd-a. hvd-b's link goes down and, a moment later, the
+    discovery drops a slot of hvd-a. Horovod's driver tells rank 0 of the change, whose host
+    takes no connection; it leaves hvd-b behind 4 s after the cut, and the survivor on hvd-a
+    goes on alone after the peer timeout. Before Horovod patch 0034 the driver told rank 0
+    while it held the lock that a reset waits for, and the connection to a cut-off host waited
+    for the kernel's SYN retries (about 2 min): the reset that left hvd-b behind waited as
+    long (a link cut at 16 ranks under tools/chaos.py: 55 s, not 8)."""
+    hostfile, out = tmp_path / "hosts", tmp_path / "run"
+    write_hosts(hostfile, "hvd-b slots=1")
+    cut, survivor = {}, []
+
+    def world_of_three():
+        return (out / "steps-rank2.txt").exists() and worker_pid(out, "hvd-a", 0) is not None
+
+    def cut_then_drop_a_slot():
+        survivor.append(worker_pid(out, "hvd-a", 0))
+        cut["at"] = time.monotonic()
+        two_hosts.link("hvd-b", "down")
+        write_hosts(hostfile, "hvd-b slots=1", "hvd-a slots=1")
+
+    wait_then(lambda: (out / "training").exists(), lambda: write_hosts(hostfile, "hvd-b slots=1", "hvd-a slots=2"),
+              120)
+    watcher = wait_then(world_of_three, cut_then_drop_a_slot, 150)
+    try:
+        ran = launch(two_hosts.on_first(elastic_command(hostfile, 1, [STANDBY, out, 0, 1], interface=INTERFACE,
+                                                        extra=["--max-np", "3"])),
+                     timeout=180, env=two_hosts.env())
+    finally:
+        watcher.join(timeout=1)
+        two_hosts.link("hvd-b", "up")  # for the next tests
+        two_hosts.vanish("hvd-b", str(out))  # its worker, cut off from the ssh that started it
+    assert "at" in cut, ran.describe()
+    ok(ran)
+    steps = sorted(step for rank in range(3) for step in standby_steps(out, rank) if step[1] == survivor[0])
+    assert steps[-1][2] == 1 and longest_pause(steps) < 30, \
+        (round(longest_pause(steps), 2), [size for _, _, size in steps], ran.describe())
+
+
 @pytest.mark.scale  # test_four_nodes.py's elastic test kills a whole node's ranks across hosts
 def test_a_killed_worker_on_another_host(need_horovod, two_hosts, tmp_path):
     """Across two hosts (ssh to hvd-b): SIGKILL the rank on hvd-b mid-epoch; hvd-a finishes alone."""
