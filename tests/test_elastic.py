@@ -266,6 +266,11 @@ def standby_steps(out, rank):
             (line.split() for line in (out / f"steps-rank{rank}.txt").read_text().splitlines())]
 
 
+def steps_of(out, ranks, pid):
+    """The steps process ``pid`` took, in time order, whatever rank it held in each world."""
+    return sorted(step for rank in range(ranks) for step in standby_steps(out, rank) if step[1] == pid)
+
+
 def started_as(out, pid):
     return int((out / f"started-{pid}.txt").read_text())
 
@@ -349,7 +354,7 @@ def test_a_reset_leaves_out_a_host_whose_workers_still_start_and_lets_it_in_once
     ran = ok(launch(elastic_command(hostfile, 2, [STANDBY, out, SLOW_START_SECONDS, 3], extra=["--max-np", "3"]),
                     timeout=180, env={"HOROVOD_ELASTIC_SPARES": "1"}))
     assert killed, ran.describe()
-    steps = sorted(step for rank in range(3) for step in standby_steps(out, rank) if step[1] == survivor[0])
+    steps = steps_of(out, 3, survivor[0])
     assert steps[-1][2] == 3 and longest_pause(steps) < SLOW_START_SECONDS / 2, \
         (round(longest_pause(steps), 2), [size for _, _, size in steps], ran.describe())
 
@@ -385,7 +390,7 @@ def test_a_new_worker_slower_to_start_than_gloos_timeout_joins_once_started(need
     ran = ok(launch(elastic_command(hostfile, 4, [STANDBY, out, SLOW_START_SECONDS, 4]), timeout=180,
                     env={"HOROVOD_GLOO_TIMEOUT_SECONDS": str(SHORT_GLOO_TIMEOUT_SECONDS)}))
     assert killed and "the new world did not form (Wait timeout" in ran.output, ran.describe()
-    steps = sorted(step for rank in range(4) for step in standby_steps(out, rank) if step[1] == survivor[0])
+    steps = steps_of(out, 4, survivor[0])
     assert steps[-1][2] == 4 and longest_pause(steps) < SLOW_START_SECONDS + 3 * SHORT_GLOO_TIMEOUT_SECONDS, \
         (round(longest_pause(steps), 2), ran.describe())
 
@@ -437,16 +442,11 @@ def test_a_host_cut_off_is_named_once_and_left_behind_while_the_others_go_on(nee
         cut["at"] = time.monotonic()
         two_hosts.link("hvd-b", "down")
 
-    watcher = wait_then(lambda: mid_epoch_checkpoint(out), partition, 200)
-    try:
+    with two_hosts.restored("hvd-b", str(out), wait_then(lambda: mid_epoch_checkpoint(out), partition, 200)):
         ran = launch(two_hosts.on_first(elastic_command(hostfile, 3, [*CNN, "--model", "convnet", "--epochs", "2",
                                                                       "--output-dir", out], interface=INTERFACE)),
                      timeout=300, env={**two_hosts.env(), "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_SECONDS)})
         ended = time.monotonic()
-    finally:
-        watcher.join(timeout=1)
-        two_hosts.link("hvd-b", "up")  # for the next tests
-        two_hosts.vanish("hvd-b", str(out))  # its workers, cut off from the ssh that started them
     assert "at" in cut, ran.describe()
     ok(ran)
     assert world_sizes(ran) == [3, 1], ran.describe()
@@ -484,18 +484,13 @@ def test_a_host_change_told_to_a_cut_off_rank_0_does_not_hold_the_reset(need_hor
 
     wait_then(lambda: (out / "training").exists(), lambda: write_hosts(hostfile, "hvd-b slots=1", "hvd-a slots=2"),
               120)
-    watcher = wait_then(world_of_three, cut_then_drop_a_slot, 150)
-    try:
+    with two_hosts.restored("hvd-b", str(out), wait_then(world_of_three, cut_then_drop_a_slot, 150)):
         ran = launch(two_hosts.on_first(elastic_command(hostfile, 1, [STANDBY, out, 0, 1], interface=INTERFACE,
                                                         extra=["--max-np", "3"])),
                      timeout=180, env=two_hosts.env())
-    finally:
-        watcher.join(timeout=1)
-        two_hosts.link("hvd-b", "up")  # for the next tests
-        two_hosts.vanish("hvd-b", str(out))  # its worker, cut off from the ssh that started it
     assert "at" in cut, ran.describe()
     ok(ran)
-    steps = sorted(step for rank in range(3) for step in standby_steps(out, rank) if step[1] == survivor[0])
+    steps = steps_of(out, 3, survivor[0])
     assert steps[-1][2] == 1 and longest_pause(steps) < 30, \
         (round(longest_pause(steps), 2), [size for _, _, size in steps], ran.describe())
 

@@ -160,6 +160,19 @@ class Hosts:
             time.sleep(0.5)
         raise RuntimeError(f"sshd on {name} did not answer:\n{(self.root / f'sshd.{name}.log').read_text()}")
 
+    @contextlib.contextmanager
+    def restored(self, name, marker, watcher):
+        """For a test that cuts host ``name``'s link from ``watcher`` (a thread): on leaving,
+        whatever happened, the watcher given a second to finish, the link up again and every
+        process of ``marker`` on the host ended (cut off from the ssh that started them, they
+        would outlive the job): the next tests find the hosts as they were."""
+        try:
+            yield
+        finally:
+            watcher.join(timeout=1)
+            self.link(name, "up")
+            self.vanish(name, marker)
+
     def vanish(self, name, marker):
         """Host ``name`` dies as a node does: every process of ``marker`` on it SIGKILLed at once."""
         _kill_in(self.namespaces[name], marker)
