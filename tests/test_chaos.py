@@ -149,6 +149,6 @@ def test_a_host_cut_off_for_longer_than_the_wait_is_left_behind_and_the_job_comp
     assert fault["lines"] == 1 and "could not be reached" in fault["said"][0], json.dumps(fault)
     assert faulty["samples_lost_or_twice"] == 0, faulty
     # The final weights are compared and reported, not bounded: a resize from 8 ranks to 6 sums the
-    # gradients in another order over hundreds of steps (5.2e-3 in one run; docs/scale.md reports
+    # gradients in another order over hundreds of steps (5.2e-3 in one run; docs/scale-log.md reports
     # 1.2e-5 to 2.8e-2 after host losses), so only a job that saved no model fails here.
     assert faulty["weights_max_difference"] is not None, faulty

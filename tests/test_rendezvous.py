@@ -4,7 +4,7 @@ While a world forms (a start, every elastic reset) each rank polls the store wit
 a new connection per request. Stock Horovod listened with socketserver's backlog
 of 5: connections beyond it were dropped and the kernel resent their SYNs after
 1, 3 and 7 s, so an elastic reset at 16 ranks sat idle for about 20 s and at 32
-for about 70 (docs/scale.md). The Horovod patch listens with a backlog of 4096.
+for about 70 (docs/scale-log.md). The Horovod patch listens with a backlog of 4096.
 """
 import collections
 import contextlib
