@@ -145,7 +145,7 @@ OTHER_PROGRAMS = {
     "tools/chaos.py": {"--ranks", "--interval", "--epochs", "--faults", "--one-at-a-time", "--then-after",
                        "--relaunch", "--hosts", "--fault", "--return-after", "--spares", "--seed", "--json", "--plot",
                        "--gloo-timeout", "--horovod-log-level", "--log", "--trainer", "--model", "--steps", "--keep",
-                       "--slow-share"},
+                       "--slow-share", "--commit-every", "--global-batch", "--timeout"},
     "tools/measure_optimizer_step.py": {"--device", "--compare"},
     "tools/measure_checkpoint_stall.py": {"--every", "--checkpoints", "--dir"},
     "tools/measure_image_pipeline.py": {"--image-size", "--loader-workers", "--trainer-model", "--data", "--rounds",

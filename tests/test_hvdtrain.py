@@ -352,6 +352,7 @@ class _Recorder:
 
     def __init__(self, commit_every):
         self.did, self.commit_every = [], commit_every
+        self.host_updates = SimpleNamespace()  # the commit's part of the save: no hooks here
 
     def parts(self):  # the checkpointer's components: one, with save hooks
         return [SimpleNamespace(before_save=lambda: self.did.append("hooks"), after_save=lambda: None)]

@@ -29,14 +29,15 @@ class CheckpointManager:
         ``epoch_end``: the step ended an epoch; ``last``: the schedule (the last epoch's end too);
         ``stopping``: this launch stops after it; ``is_best``: best.pt is this checkpoint too.
 
-        Collective, the same on every rank, on the steps that save something: the components'
-        ``before_save`` hooks (checkpoint.around_save: --elastic, the train sums' allreduce; the CNN,
-        the BatchNorm statistics' grouped_allreduce); --elastic, the commit's copy; the checkpoint
-        (Checkpointer.write: the per-rank entries' alltoall, one allgather once rank 0 has written
-        it or, --checkpoint-write async, copied it for its background write); as the launch ends,
-        one allgather once that write is on disk (Checkpointer.wait_for_writes); --elastic, the
-        commit's host-update check, a broadcast, which raises
-        HostsUpdatedInterrupt when hosts were added or removed (hvd.elastic.run re-forms the world).
+        Collective, the same on every rank, on the steps that save something: the components' save
+        hooks, one allreduce for all (checkpoint.around_save: --elastic or --global-batch, the train
+        sums; the CNN, the BatchNorm statistics; at a commit, whether any rank heard of a host
+        change); --elastic, the commit's copy; the checkpoint (Checkpointer.write: the per-rank
+        entries' alltoall, one allgather once rank 0 has written it or, --checkpoint-write async,
+        copied it for its background write); as the launch ends, one allgather once that write is
+        on disk (Checkpointer.wait_for_writes); --elastic, where a rank heard of a host change, the
+        commit's host check, one tiny allreduce, which raises HostsUpdatedInterrupt when hosts were
+        added or removed (hvd.elastic.run re-forms the world).
         """
         step, every = self.state.step, self.settings.checkpoint_every
         # No commit when this launch ends (its checkpoint is what a relaunch reads): the commit's
@@ -45,7 +46,8 @@ class CheckpointManager:
         checkpoint = epoch_end or last or stopping or bool(every and step % every == 0)
         if not (commit or checkpoint):
             return
-        with around_save(self.checkpointer.parts()):  # the hooks' collectives once for both
+        parts = [*self.checkpointer.parts(), *([self.commits.host_updates] if commit else [])]
+        with around_save(parts):  # the hooks' one allreduce, once for both
             # The commit first: once a checkpoint of this step is on disk, every rank holds its commit too.
             if commit:
                 self.commits.commit_step(step)

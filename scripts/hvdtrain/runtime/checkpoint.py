@@ -36,12 +36,26 @@ from hvdtrain.runtime.checkpoint_writer import BackgroundWriter, available_memor
 
 @contextlib.contextmanager
 def around_save(parts):
-    """The components' ``before_save()`` hooks (collective: every rank, in the same order), then,
-    once the block has read their state, their ``after_save()``. A component uses them to show
-    what must be saved: metrics.EpochSums folds the ranks' sums in (--elastic, --global-batch), batchnorm.RankStatistics
-    puts the ranks' average statistics in the model while this rank's own are saved per rank."""
+    """The components' save hooks around the block that reads their state; collective (every rank,
+    the same parts in the same order). A component uses them to show what must be saved:
+
+    - ``before_save()``: on this rank alone (batchnorm.RankStatistics keeps this rank's own
+      statistics aside);
+    - ``to_sum()`` -> tensors, then ``summed(sums)``: what every part hands over is summed over the
+      ranks in one allreduce and given back (float64, in its tensors' shapes): metrics.EpochSums
+      folds the ranks' sums in (--elastic, --global-batch), batchnorm.RankStatistics puts the ranks'
+      average statistics in the model, and at an --elastic commit elastic.HostUpdates asks whether
+      any rank heard of a host change. One collective for all: a commit's cost is its collectives;
+    - ``after_save()``, once the block has read their state.
+    """
     for part in parts:
         getattr(part, "before_save", lambda: None)()
+    handing = [(part, part.to_sum()) for part in parts if hasattr(part, "to_sum")]
+    # Horovod: one allreduce of every part's sums
+    sums = collectives.sum_packed_over_ranks([t for _, tensors in handing for t in tensors], name="save.sums")
+    for part, tensors in handing:
+        part.summed(sums[:len(tensors)])
+        sums = sums[len(tensors):]
     try:
         yield
     finally:

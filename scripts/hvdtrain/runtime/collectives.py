@@ -80,14 +80,21 @@ def sum_over_ranks(tensor, name):
     return hvd.allreduce(tensor, op=hvd.Sum, name=name)  # Horovod
 
 
+def sum_packed_over_ranks(tensors, name):
+    """Every rank's ``tensors`` (any shapes and dtypes) summed elementwise in one float64 allreduce;
+    the sums back as float64 tensors of their shapes. One collective for many small tensors: at 16
+    ranks on 2 cores each collective costs about 60 ms, whatever its size."""
+    if not tensors:
+        return []
+    packed = torch.cat([tensor.detach().reshape(-1).to(torch.float64) for tensor in tensors])
+    total = hvd.allreduce(packed, op=hvd.Sum, name=name)  # Horovod
+    parts = torch.split(total, [tensor.numel() for tensor in tensors])
+    return [part.view(tensor.shape) for part, tensor in zip(parts, tensors)]
+
+
 def max_over_ranks(tensor, name):
     """The elementwise maximum of every rank's ``tensor``."""
     return hvd.allreduce(tensor, op=hvd.Max, name=name)  # Horovod
-
-
-def average_over_ranks(tensors, name):
-    """Every rank's ``tensors`` averaged, one fused allreduce for all of them (a list back)."""
-    return hvd.grouped_allreduce(tensors, op=hvd.Average, name=name)  # Horovod
 
 
 def allgather(tensor, name):

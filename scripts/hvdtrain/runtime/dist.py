@@ -306,6 +306,11 @@ def world_rank():
     return hvd.rank()
 
 
+def world_size():
+    """The number of ranks in the current world, as Horovod knows it now."""
+    return hvd.size()
+
+
 def mpi_controller():
     """Whether Horovod runs its MPI controller (mpirun, horovodrun --mpi), not Gloo."""
     return hvd.mpi_enabled()

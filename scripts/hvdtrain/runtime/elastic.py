@@ -68,6 +68,34 @@ def _how():
     return f" ({first[:160]})" if first else ""
 
 
+class HostUpdates:
+    """A commit's question to every rank, asked in its save's one allreduce (checkpoint.around_save):
+    has any heard of a host change newer than the last it acted on? Any rank that has makes
+    ``check_host_updates`` compare the updates themselves. A rank that has heard only of changes
+    the world already acted on (a worker that joined in the last reset) answers yes too: one more
+    tiny allreduce, which finds nothing to do."""
+
+    def __init__(self, commits):
+        self.commits = commits
+        self.heard = None  # (previous, newest, update) read at this commit, until take()
+        self.anyone = True  # whether any rank heard of a newer one; True until asked
+
+    def to_sum(self):
+        self.heard = self.commits._read_host_messages()
+        previous, newest, _ = self.heard
+        return [torch.tensor([float(newest > previous)], dtype=torch.float64)]
+
+    def summed(self, sums):
+        self.anyone = bool(sums[0].item())
+
+    def take(self):
+        """What this rank heard, where any rank heard of a newer change; None where none did.
+        Where the commit asked nothing (no save around it), what this rank hears now."""
+        heard, anyone = self.heard or self.commits._read_host_messages(), self.anyone
+        self.heard, self.anyone = None, True
+        return heard if anyone else None
+
+
 class Commits(State):
     """The run's checkpoint components as Horovod's elastic state (an ``hvd.elastic.State``).
 
@@ -88,6 +116,7 @@ class Commits(State):
         self.saved = None
         self._ended_note = None  # (when, what) the driver said of a worker it is ending
         self._reset_phase = contextlib.ExitStack()
+        self.host_updates = HostUpdates(self)  # a part of the commit's save (cadence.CheckpointManager)
         # (Horovod's State broadcasts with bcast_object only in its own host check, which
         # check_host_updates below replaces.)
         super().__init__(bcast_object=lambda obj: collectives.broadcast_object(obj, root_rank=0, name="elastic.state"),
@@ -147,15 +176,14 @@ class Commits(State):
     def check_host_updates(self):
         """Horovod's check at a commit: where the driver said hosts were added or removed since the
         last one, every rank raises HostsUpdatedInterrupt here, at the same step (hvd.elastic.run
-        re-forms the world). Collective: one tiny allreduce of the newest update any rank has had.
-        Horovod's own sends rank 0's as a pickled object, two broadcasts: at 16 ranks on 2 cores
-        each collective costs about 60 ms, a commit's third of them (and its TODO asks for this max)."""
-        newest = previous = self._last_updated_timestamp
-        update = HostUpdateResult.no_update
-        while not self._host_messages.empty():
-            timestamp, result = self._host_messages.get()
-            if timestamp > newest:
-                newest, update = timestamp, update | result
+        re-forms the world). Collective: where no rank has heard of a change since the last it acted
+        on (``host_updates``, in the commit's one allreduce: the common case), nothing more; else one
+        tiny allreduce of the newest update any rank has had. Horovod's own sends rank 0's as a
+        pickled object, two broadcasts: at 16 ranks on 2 cores each collective costs about 60 ms."""
+        heard = self.host_updates.take()
+        if heard is None:  # every rank: none newer than the last it acted on
+            return
+        previous, newest, update = heard
         # Horovod: the newest update over every rank, and whether hosts were removed or added in any;
         # the last one acted on too (a worker that joined in the last reset has had none)
         mine = torch.tensor([previous, newest, bool(update & HostUpdateResult.removed),
@@ -165,6 +193,16 @@ class Commits(State):
         if newest > previous:
             self._enter_reset_phase()
             raise HostsUpdatedInterrupt(bool(removed) and not added)  # only removed: the survivors skip the sync
+
+    def _read_host_messages(self):
+        """(the last update acted on, the newest heard since, what changed) from the driver's messages."""
+        newest = previous = self._last_updated_timestamp
+        update = HostUpdateResult.no_update
+        while not self._host_messages.empty():
+            timestamp, result = self._host_messages.get()
+            if timestamp > newest:
+                newest, update = timestamp, update | result
+        return previous, newest, update
 
     def sync(self):
         """The shared components (and whether the run started) of the first rank that holds the run,

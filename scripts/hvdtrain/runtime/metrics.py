@@ -34,14 +34,18 @@ class SumMeter:
 
     def reduce_totals(self, name_prefix="meter"):
         """{name: [sum, count]} over every rank."""
-        names = sorted(self.sums)
-        if not names:
+        if not self.sums:
             return {}
-        local = torch.tensor([[self.sums[n], float(self.counts[n])] for n in names],
-                             dtype=torch.float64)
         # Horovod: sum the sums and the counts over all ranks.
-        total = collectives.sum_over_ranks(local, name=f"{name_prefix}.sums")
-        return dict(zip(names, total.tolist()))
+        return self.totals_of(collectives.sum_over_ranks(self.local_totals(), name=f"{name_prefix}.sums"))
+
+    def local_totals(self):
+        """This rank's [sum, count] of each name, in name order: a float64 tensor to sum over the ranks."""
+        return torch.tensor([[self.sums[n], float(self.counts[n])] for n in sorted(self.sums)], dtype=torch.float64)
+
+    def totals_of(self, summed):
+        """{name: [sum, count]} of ``local_totals()`` summed over the ranks."""
+        return dict(zip(sorted(self.sums), summed.tolist()))
 
     def reset(self):
         self.sums = {name: 0.0 for name in self.names}
@@ -68,7 +72,7 @@ class EpochSums:
     """The epoch's training sums over every rank, and its metrics at its end; a checkpoint component.
 
     ``folded`` (--elastic, --global-batch): at every checkpoint and --elastic commit
-    (``before_save``) the ranks' partial sums join ``totals`` (one allreduce), so a lost
+    (``to_sum``/``summed``, in the save's one allreduce) the ranks' partial sums join ``totals``, so a lost
     worker takes none of the committed steps' counts with it and the epoch's row covers
     every sample once (``train_samples``). Otherwise each rank keeps its own sums (the
     ``meter``, a per-rank checkpoint component) until the epoch's end reduces them.
@@ -85,13 +89,16 @@ class EpochSums:
     def load_state_dict(self, state):
         self.totals = {name: list(total) for name, total in state["totals"].items()}
 
-    def before_save(self):
-        """At every checkpoint and commit (checkpoint.around_save); collective when folded."""
-        if self.folded:
-            self._fold()
+    def to_sum(self):
+        """At every checkpoint and commit (checkpoint.around_save): this rank's sums, when folded."""
+        return [self.meter.local_totals()] if self.folded and self.meter.sums else []
 
-    def _fold(self):
-        for name, (total, count) in self.meter.reduce_totals("train").items():  # Horovod: one allreduce
+    def summed(self, sums):
+        if sums:
+            self._fold(self.meter.totals_of(sums[0]))
+
+    def _fold(self, reduced):
+        for name, (total, count) in reduced.items():
             kept = self.totals.setdefault(name, [0.0, 0.0])
             kept[0], kept[1] = kept[0] + total, kept[1] + count
         self.meter.reset()
@@ -100,7 +107,7 @@ class EpochSums:
         """The epoch's averages over every sample of every rank; collective (one allreduce)."""
         if not self.folded:
             return self.meter.reduce("train")
-        self._fold()
+        self._fold(self.meter.reduce_totals("train"))  # Horovod: one allreduce
         return {**averages(self.totals), "train_samples": int(self.totals["train_top1"][1]),
                 "world_size": world_size}
 

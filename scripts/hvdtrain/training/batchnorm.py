@@ -9,7 +9,7 @@ lost one can be given nothing else).
 """
 import torch
 
-from hvdtrain.runtime import collectives
+from hvdtrain.runtime import collectives, dist
 
 
 def _statistics(model):
@@ -21,10 +21,15 @@ def _statistics(model):
 def average_statistics(model):
     """Replace every rank's running statistics by their average. Collective."""
     buffers = [tensor for _, tensor in _statistics(model)]
-    if buffers:
-        # Horovod: one fused allreduce for all of them.
-        for tensor, value in zip(buffers, collectives.average_over_ranks(buffers, name="batchnorm_statistics")):
-            tensor.copy_(value)
+    # Horovod: one allreduce for all of them
+    _take_average(buffers, collectives.sum_packed_over_ranks(buffers, name="batchnorm_statistics"))
+
+
+def _take_average(buffers, sums):
+    """The ranks' sums (float64, collectives.sum_packed_over_ranks) divided by their number: the
+    average of ranks that already agree is their own value again, bit for bit."""
+    for tensor, total in zip(buffers, sums):
+        tensor.copy_(total / dist.world_size())
 
 
 class RankStatistics:
@@ -32,7 +37,8 @@ class RankStatistics:
 
     Around a save (checkpoint.around_save; collective) the model holds the ranks'
     average, which is what the checkpoint saves as the model, and this component
-    this rank's own; after it, the model has this rank's own again.
+    this rank's own; after it, the model has this rank's own again. The average
+    comes in the save's one allreduce (``to_sum``, ``summed``).
     """
 
     def __init__(self, model):
@@ -41,7 +47,12 @@ class RankStatistics:
 
     def before_save(self):
         self.own = [tensor.clone() for _, tensor in _statistics(self.model)]
-        average_statistics(self.model)
+
+    def to_sum(self):
+        return [tensor for _, tensor in _statistics(self.model)]
+
+    def summed(self, sums):
+        _take_average(self.to_sum(), sums)
 
     def at_commit(self, step, rank):
         """--elastic, at a commit (inside a save: the model holds the ranks' average): every rank
