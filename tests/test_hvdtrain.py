@@ -401,6 +401,33 @@ def test_the_checkpoint_manager_saves_at_its_cadence_and_commits_only_while_the_
                         ["hooks", "checkpoint 5", "on disk"], ["hooks", "checkpoint 6", "on disk"]]
 
 
+def test_a_commits_copy_of_the_state_is_whole_and_apart_from_training():
+    """elastic.Commits copies the run's state with checkpoint_writer.copy_state, not copy.deepcopy:
+    every tensor its own, the module's ``_metadata`` kept (BatchNorm's version), anything else copied."""
+    import copy
+    from hvdtrain.runtime.checkpoint_writer import copy_state
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.get_state(),
+             "steps": [1, (2, "three")]}
+    copied = copy_state(state)
+    assert copied["model"]._metadata == state["model"]._metadata
+    assert _pytree.tree_structure(copied) == _pytree.tree_structure(copy.deepcopy(state))
+    assert torch.equal(copied["rng"]["torch"], state["rng"]["torch"]) and copied["rng"]["python"] == state["rng"]["python"]
+    assert copied["steps"] == [1, (2, "three")]
+    before = copy.deepcopy(state)
+    with torch.no_grad():
+        for tensor in [*model.state_dict().values(), *optimizer.state_dict()["state"][0].values()]:
+            tensor.add_(1)
+    assert all(torch.equal(copied["model"][name], before["model"][name]) for name in before["model"])
+    assert torch.equal(copied["optimizer"]["state"][0]["momentum_buffer"],
+                       before["optimizer"]["state"][0]["momentum_buffer"])
+    model.load_state_dict(copied["model"])
+    assert all(torch.equal(model.state_dict()[name], before["model"][name]) for name in before["model"])
+
+
 def test_the_background_writer_keeps_one_write_in_flight_and_reports_its_failure_once(capsys):
     from hvdtrain.runtime.checkpoint_writer import BackgroundWriter
     writer, order = BackgroundWriter(), []

@@ -71,15 +71,27 @@ def write_failure(what, error):
 def host_copy(value):
     """``value`` (a state to save) with every tensor copied to host memory (pinned where it was on
     a GPU): what training changes next cannot reach the copy a background write serialises."""
+    return copy_state(value, to_host=True)
+
+
+def copy_state(value, to_host=False):
+    """``value`` (a state_dict, nested) with every tensor copied (``to_host``: into host memory,
+    pinned where it was on a GPU), its dicts, lists and tuples rebuilt (a dict's attributes kept: a
+    module's state_dict carries ``_metadata``), anything else deep-copied. copy.deepcopy makes the
+    same copy at several times the CPU (ResNet-20's model and optimizer: 4.7 ms against 0.8 ms), and
+    an --elastic commit copies on every rank: at 16 ranks on 2 cores each ms a rank is 8 of the job's."""
     if isinstance(value, torch.Tensor):
-        if value.device.type == "cpu":
+        if not to_host or value.device.type == "cpu":
             return value.detach().clone()
         pinned = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
         return pinned.copy_(value.detach())
     if isinstance(value, dict):
-        return type(value)((key, host_copy(item)) for key, item in value.items())
+        copied = type(value)((key, copy_state(item, to_host)) for key, item in value.items())
+        if hasattr(value, "__dict__"):
+            copied.__dict__.update(copy.deepcopy(value.__dict__))
+        return copied
     if isinstance(value, (list, tuple)):
-        return type(value)(host_copy(item) for item in value)
+        return type(value)(copy_state(item, to_host) for item in value)
     return copy.deepcopy(value)
 
 

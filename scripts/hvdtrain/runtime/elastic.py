@@ -27,7 +27,6 @@ setup checks run on each rank alone (``collectives.ALONE``) and restoring the
 checkpoint from disk happens inside ``train()``, once per job (``started``).
 """
 import contextlib
-import copy
 import os
 import queue
 import re
@@ -41,6 +40,7 @@ from horovod.runner.elastic.worker import HostUpdateResult
 
 from hvdtrain.errors import UsageError
 from hvdtrain.runtime import collectives, dist
+from hvdtrain.runtime.checkpoint_writer import copy_state
 
 HOLDS_THE_RUN, SAID_THE_LOSS = 1, 2  # what a rank tells the others in sync
 # How long the driver's word on a worker it ended (one that answered nothing) names the next
@@ -129,7 +129,7 @@ class Commits(State):
     def save(self):
         """A commit: copies of every component's state."""
         if self.enabled:
-            self.saved = {name: copy.deepcopy(part.state_dict()) for name, part in self._parts().items()}
+            self.saved = {name: copy_state(part.state_dict()) for name, part in self._parts().items()}
 
     def commit_step(self, step):
         """The commit of ``step``, just trained, inside checkpoint.around_save (whose hooks put the
@@ -166,7 +166,7 @@ class Commits(State):
         self.lost_line_said = self.ctx.is_main
         # Copies again: load_state_dict may keep the given tensors, which training then updates in place.
         for name, part in self._parts().items():
-            part.load_state_dict(copy.deepcopy(self.saved[name]))
+            part.load_state_dict(copy_state(self.saved[name]))
             if hasattr(part, "zero_grad"):
                 # The failed step's partial gradients must not add to the next step's.
                 # (Horovod's optimizer forgot its pending allreduces in load_state_dict.)
