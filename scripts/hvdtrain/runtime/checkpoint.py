@@ -45,7 +45,8 @@ def around_save(parts):
       ranks in one allreduce and given back (float64, in its tensors' shapes): metrics.EpochSums
       folds the ranks' sums in (--elastic, --global-batch), batchnorm.RankStatistics puts the ranks'
       average statistics in the model, and at an --elastic commit elastic.HostUpdates asks whether
-      any rank heard of a host change. One collective for all: a commit's cost is its collectives;
+      any rank heard of a host change. One collective for all (a commit's cost on 2 cores is the
+      barrier it makes, not its collectives' number: docs/scale.md);
     - ``after_save()``, once the block has read their state.
     """
     for part in parts:

@@ -82,8 +82,8 @@ def sum_over_ranks(tensor, name):
 
 def sum_packed_over_ranks(tensors, name):
     """Every rank's ``tensors`` (any shapes and dtypes) summed elementwise in one float64 allreduce;
-    the sums back as float64 tensors of their shapes. One collective for many small tensors: at 16
-    ranks on 2 cores each collective costs about 60 ms, whatever its size."""
+    the sums back as float64 tensors of their shapes: one negotiation and one wait for the slowest
+    rank for many small tensors (float64 keeps sums of counts exact)."""
     if not tensors:
         return []
     packed = torch.cat([tensor.detach().reshape(-1).to(torch.float64) for tensor in tensors])
