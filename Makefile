@@ -34,7 +34,7 @@ demo-bert: setup
 # side (pytest-xdist); tests that share a cluster, the two hosts or a module's data
 # stay on one worker (tests/conftest.py). TEST_WORKERS=0 runs them one at a time.
 # Two tiers (docs/testing.md): `make test` proves every mechanism once at its smallest
-# real scale (what CI runs, 18 to 60 minutes on 2 cores by machine: docs/testing.md); `make test-scale` runs only
+# real scale (what CI runs, 18 to 34 minutes on 2 cores by machine: docs/testing.md); `make test-scale` runs only
 # the larger forms (16 and 32 ranks on four hosts and four Slurm nodes, the other
 # launchers of each fault, the 2.4 GB checkpoint). Each prints what its tests cost in CPU.
 PYTEST := $(VENV)/bin/python -m pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadgroup tests
